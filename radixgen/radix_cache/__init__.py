@@ -1,0 +1,1 @@
+"""RadixAttention: a prefix tree over a token-granular KV pool."""

@@ -1,0 +1,103 @@
+"""KV memory pools.
+
+`ReqToTokenPool` maps a request slot to the KV slot of each of its tokens (one int32 row per
+request); `TokenToKVPool` holds per-layer K/V tensors indexed by KV slot, plus a free list of
+slots. Slot 0 of the KV pool is reserved as a padding target and never handed out, so the pool's
+capacity is `size` usable slots (1..size). The allocator works without any tensors so the radix
+tree can be tested with a fake pool (`TokenAllocator` alone).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class TokenAllocator:
+    """Free list of KV slots 1..size (0 is the reserved padding slot)."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"KV pool size must be >= 1, got {size}")
+        self.size = size
+        self.clear()
+
+    def clear(self) -> None:
+        self._free = torch.arange(1, self.size + 1, dtype=torch.int64)  # [free]
+        self._n_free = self.size
+
+    def available_size(self) -> int:
+        return self._n_free
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """Take `n` free slots (int64 [n]) or return None when fewer are free."""
+        if n > self._n_free:
+            return None
+        out = self._free[self._n_free - n : self._n_free].clone()
+        self._n_free -= n
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        """Return slots to the pool. Freeing a slot twice is a bug the caller must not make."""
+        n = int(indices.numel())
+        if n == 0:
+            return
+        end = self._n_free + n
+        if end > self.size:
+            raise RuntimeError(f"KV pool over-freed: {end} free slots > capacity {self.size}")
+        self._free[self._n_free : end] = indices.to(torch.int64).reshape(-1)
+        self._n_free = end
+
+
+class TokenToKVPool:
+    """Per-layer K and V buffers, each [size + 1, num_kv_heads, head_dim], and their allocator."""
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.size = size
+        self.allocator = TokenAllocator(size)
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        return self.allocator.alloc(n)
+
+    def free(self, indices: torch.Tensor) -> None:
+        self.allocator.free(indices)
+
+    def available_size(self) -> int:
+        return self.allocator.available_size()
+
+    def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write new tokens' K/V ([T, kv_heads, head_dim]) at slots `loc` ([T])."""
+        self.k_buffer[layer][loc] = k
+        self.v_buffer[layer][loc] = v
+
+
+class ReqToTokenPool:
+    """Request slot -> KV slots of its tokens: `req_to_token[slot, i]` is token i's KV slot."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
+        self._free = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def clear(self) -> None:
+        self._free = list(range(self.size))

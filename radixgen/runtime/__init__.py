@@ -1,0 +1,1 @@
+"""The serving engine: model, KV pools, scheduler, sampler and grammar integration."""

@@ -1,0 +1,68 @@
+"""ForwardBatch: one model step's inputs for a mix of extend (prefill) and decode requests.
+
+All new tokens of the step are concatenated into one flat sequence of T tokens; request i owns
+`extend_lens[i]` of them, continuing its cached prefix of `prefix_lens[i]` tokens. A decode request
+is an extend of length 1. K/V are read and written through the KV pool by slot index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T] int64, new tokens of all requests, concatenated
+    positions: torch.Tensor  # [T] int64, position of each new token in its sequence
+    out_cache_loc: torch.Tensor  # [T] int64, KV slot each new token's K/V is written to
+    req_pool_indices: torch.Tensor  # [B] int64, each request's row in req_to_token
+    prefix_lens: list[int]  # [B] tokens already in the KV cache before this step
+    extend_lens: list[int]  # [B] new tokens this step (1 for decode)
+    logits_indices: torch.Tensor  # [L] int64 rows of the flat sequence whose logits are returned
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [p + e for p, e in zip(self.prefix_lens, self.extend_lens, strict=True)]
+
+    @property
+    def is_decode(self) -> bool:
+        return all(e == 1 for e in self.extend_lens)
+
+
+def make_forward_batch(
+    new_tokens: list[list[int]],
+    prefix_lens: list[int],
+    req_pool_indices: list[int],
+    out_cache_loc: torch.Tensor,
+    logits_rows: list[list[int]] | None = None,
+    device: torch.device | str = "cpu",
+) -> ForwardBatch:
+    """Build a ForwardBatch from per-request new tokens.
+
+    `logits_rows[i]` lists the offsets (within request i's new tokens) whose logits are wanted;
+    default: the last new token of each request.
+    """
+    extend_lens = [len(t) for t in new_tokens]
+    flat = [tok for toks in new_tokens for tok in toks]
+    positions = [p + j for p, e in zip(prefix_lens, extend_lens, strict=True) for j in range(e)]
+    rows, start = [], 0
+    for i, e in enumerate(extend_lens):
+        wanted = logits_rows[i] if logits_rows is not None else [e - 1]
+        rows.extend(start + j for j in wanted)
+        start += e
+    as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=device)
+    return ForwardBatch(
+        input_ids=as_long(flat),
+        positions=as_long(positions),
+        out_cache_loc=out_cache_loc.to(device),
+        req_pool_indices=as_long(req_pool_indices),
+        prefix_lens=list(prefix_lens),
+        extend_lens=extend_lens,
+        logits_indices=as_long(rows),
+    )

@@ -1,0 +1,47 @@
+"""ModelRunner: owns the model and the KV pools; turns a ForwardBatch into logits."""
+
+from __future__ import annotations
+
+import torch
+
+from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.llama import LlamaModel
+from radixgen.runtime.models.loader import load_model_weights
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    """Loads weights into our LlamaModel and allocates the request-slot and KV pools."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.engine_config = config
+        self.device = torch.device(config.device)
+        self.dtype = DTYPES[config.dtype]
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        model_config, weights = load_model_weights(config.model)
+        self.model_config: ModelConfig = model_config
+        self.context_length = min(config.context_length or model_config.max_position_embeddings,
+                                  model_config.max_position_embeddings)
+        model = LlamaModel(model_config, self.context_length)
+        model.load_hf_weights(weights)
+        del weights
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.model.rotary.float()  # keep cos/sin tables in fp32
+        mc = model_config
+        self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
+        self.token_to_kv_pool = TokenToKVPool(
+            config.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run one step; returns float32 logits [len(fb.logits_indices), V]."""
+        return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.req_to_token)

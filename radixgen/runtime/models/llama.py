@@ -1,0 +1,134 @@
+"""Our Llama-family model: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama, Qwen2/2.5
+(qkv bias) and Qwen3 (per-head q/k RMSNorm). GQA, rotary embeddings (HF "rotate half" layout),
+RMSNorm, SwiGLU, optionally tied embeddings.
+
+The forward pass takes a ForwardBatch (mixed extend/decode, variable lengths) and reads/writes K/V
+through the TokenToKVPool. q/k/v and gate/up projections are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixgen.radix_cache.memory_pool import TokenToKVPool
+from radixgen.runtime.attention import AttentionMetadata, attention
+from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.models.config import ModelConfig
+
+
+class Rotary(nn.Module):
+    """cos/sin tables for all positions up to max_len, HF rotate-half layout."""
+
+    def __init__(self, config: ModelConfig, max_len: int) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), config.inv_freq())  # [P, D/2]
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, H, D]; cos/sin: [T, 1, D/2]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        c = config
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.eps = c.rms_norm_eps
+        self.scale = c.head_dim**-0.5
+        self.input_norm = nn.Parameter(torch.ones(c.hidden_size))
+        self.post_attn_norm = nn.Parameter(torch.ones(c.hidden_size))
+        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, c.hidden_size))
+        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if c.qkv_bias else None
+        self.q_norm = nn.Parameter(torch.ones(c.head_dim)) if c.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(c.head_dim)) if c.qk_norm else None
+        self.o_proj = nn.Parameter(torch.empty(c.hidden_size, self.q_size))
+        self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size))
+        self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        rotary: Rotary,
+        fb: ForwardBatch,
+        meta: AttentionMetadata,
+        pool: TokenToKVPool,
+    ) -> torch.Tensor:
+        t = h.shape[0]
+        x = F.rms_norm(h, (h.shape[-1],), self.input_norm, self.eps)
+        qkv = F.linear(x, self.qkv, self.qkv_bias)  # [T, q + 2 kv]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
+            k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
+        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
+        o = attention(q, pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id], meta, self.scale)
+        h = h + F.linear(o, self.o_proj)  # [T, hidden]
+        x = F.rms_norm(h, (h.shape[-1],), self.post_attn_norm, self.eps)
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)  # [T, inter] each
+        return h + F.linear(F.silu(gate) * up, self.down)
+
+
+class LlamaModel(nn.Module):
+    """Decoder-only transformer; `forward` returns logits for `fb.logits_indices` rows."""
+
+    def __init__(self, config: ModelConfig, max_len: int) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = None if config.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
+        self.rotary = Rotary(config, max_len)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch, pool: TokenToKVPool, req_to_token: torch.Tensor) -> torch.Tensor:
+        meta = AttentionMetadata.build(fb, req_to_token)
+        h = self.embed[fb.input_ids]  # [T, hidden]
+        cos = self.rotary.cos[fb.positions].unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
+        sin = self.rotary.sin[fb.positions].unsqueeze(1).to(h.dtype)
+        for layer in self.layers:
+            h = layer(h, cos, sin, self.rotary, fb, meta, pool)
+        h = h[fb.logits_indices]  # [L, hidden]
+        h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(h, head).float()  # [L, V]
+
+    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Copy HF-named tensors into our fused parameters (fails loudly on missing names)."""
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise KeyError(f"weight {name!r} missing from the checkpoint")
+            return weights[name]
+
+        with torch.no_grad():
+            self.embed.copy_(take("model.embed_tokens.weight"))
+            self.norm.copy_(take("model.norm.weight"))
+            if self.lm_head is not None:
+                self.lm_head.copy_(take("lm_head.weight"))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                a = p + "self_attn."
+                layer.input_norm.copy_(take(p + "input_layernorm.weight"))
+                layer.post_attn_norm.copy_(take(p + "post_attention_layernorm.weight"))
+                layer.qkv.copy_(torch.cat([take(a + f"{n}_proj.weight") for n in "qkv"]))
+                if layer.qkv_bias is not None:
+                    layer.qkv_bias.copy_(torch.cat([take(a + f"{n}_proj.bias") for n in "qkv"]))
+                if layer.q_norm is not None:
+                    layer.q_norm.copy_(take(a + "q_norm.weight"))
+                    layer.k_norm.copy_(take(a + "k_norm.weight"))
+                layer.o_proj.copy_(take(a + "o_proj.weight"))
+                layer.gate_up.copy_(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
+                layer.down.copy_(take(p + "mlp.down_proj.weight"))

@@ -1,0 +1,155 @@
+"""Tokenizer, chat template and incremental detokenizer with stop strings.
+
+The tokenizer comes from an HF model directory or is converted from a GGUF file's metadata (slow,
+~5 s) and then cached as tokenizer.json in the user cache dir (~0.3 s to load). Detokenization
+follows the usual windowed scheme: decode a few tokens of left context together with the new ones
+and emit only the text past the context, holding back text that ends in an incomplete UTF-8
+sequence (U+FFFD) or that may be the beginning of a stop string.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
+
+DETOK_CONTEXT = 5  # tokens of left context used to decode a boundary correctly
+
+
+class Tokenizer:
+    """A thin wrapper over a HF fast tokenizer with the facts the engine needs."""
+
+    def __init__(self, hf: Any) -> None:
+        self.hf = hf
+        self.vocab_size = len(hf)
+        eos = set()
+        if hf.eos_token_id is not None:
+            eos.add(int(hf.eos_token_id))
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>"):
+            tid = hf.convert_tokens_to_ids(name)
+            if isinstance(tid, int) and tid != hf.unk_token_id and name in hf.all_special_tokens:
+                eos.add(tid)
+        self.eos_token_ids: list[int] = sorted(eos)
+        self.chat_template: str | None = getattr(hf, "chat_template", None)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        if not self.chat_template:
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
+        return self.hf.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+
+def load_tokenizer(model: str | os.PathLike | None = None) -> Tokenizer:
+    """Load the tokenizer of `model` (None: the default SmolLM2 GGUF)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    if path.is_dir():
+        return Tokenizer(AutoTokenizer.from_pretrained(str(path)))
+    cached = cache_dir_for(path) / "tokenizer"
+    if (cached / "tokenizer.json").is_file():
+        return Tokenizer(AutoTokenizer.from_pretrained(str(cached)))
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
+    hf.save_pretrained(str(tmp))
+    try:
+        os.replace(tmp, cached)
+    except OSError:  # another process won the race; its copy is as good as ours
+        pass
+    return Tokenizer(hf)
+
+
+@dataclass
+class IncrementalDetokenizer:
+    """Turns a growing list of output ids into text deltas; stops on stop strings.
+
+    `prompt_tail` gives left context (last prompt tokens) so the first output token decodes with
+    its leading space. `stop` strings are searched across token boundaries; the text returned never
+    contains a stop string nor a partial UTF-8 character, and text that might begin a stop string is
+    held back until it is known not to.
+    """
+
+    tokenizer: Tokenizer
+    prompt_tail: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    ids: list[int] = field(init=False)
+    text: str = field(init=False, default="")  # all decoded text (may include a held-back tail)
+    emitted: int = field(init=False, default=0)  # chars of `text` already handed out
+    stopped: bool = field(init=False, default=False)
+    matched_stop: str | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.ids = list(self.prompt_tail[-DETOK_CONTEXT:])
+        self._prefix_offset = 0
+        self._read_offset = len(self.ids)
+        self._max_stop = max((len(s) for s in self.stop), default=0)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_ids: list[int]) -> str:
+        """Append new ids; return the text that is now safe to emit."""
+        if self.stopped:
+            return ""
+        self.ids.extend(token_ids)
+        prefix_text = self._decode(self.ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self.ids[self._prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            start = len(self.text)
+            self.text += new_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.ids)
+            if self.stop:
+                self._check_stop(start)
+        return self._take()
+
+    def _check_stop(self, start: int) -> None:
+        lo = max(0, start - self._max_stop + 1)
+        best = None
+        for s in self.stop:
+            i = self.text.find(s, lo)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is not None:
+            self.text = self.text[: best[0]]
+            self.stopped, self.matched_stop = True, best[1]
+
+    def _held_back(self) -> int:
+        """Length of the longest suffix of text that is a proper prefix of some stop string."""
+        if self.stopped or not self.stop:
+            return 0
+        tail = self.text[-self._max_stop :]
+        for k in range(min(len(tail), self._max_stop), 0, -1):
+            suffix = tail[-k:]
+            if any(s.startswith(suffix) and s != suffix for s in self.stop):
+                return k
+        return 0
+
+    def _take(self) -> str:
+        end = len(self.text) - self._held_back()
+        out = self.text[self.emitted : end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def flush(self) -> str:
+        """At the end of generation: release any held-back text."""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out
+
+    @property
+    def output_text(self) -> str:
+        return self.text

@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random-weight models (with the real SmolLM2 tokenizer) built at test time."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=8192)
+
+
+def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
+    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3) plus the SmolLM2 tokenizer."""
+    import transformers
+
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    kw = dict(TINY, vocab_size=tok.vocab_size, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    kw.update(overrides)
+    cfg_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    }[arch]
+    if arch == "qwen3":
+        kw.setdefault("head_dim", 32)
+    torch.manual_seed(hash(arch) % 1000)
+    model = model_cls(cfg_cls(**kw)).float().eval()
+    with torch.no_grad():  # random init is tiny; widen it so logits are not all ~equal
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+            elif "bias" in str(p.shape) or p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.hf.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {a: build_tiny_model(root / a, a) for a in ("llama", "qwen2", "qwen3")}
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    from radixgen.runtime.models.resolve import default_model_path
+
+    return default_model_path()
+
+
+def pytest_configure(config) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
