@@ -56,3 +56,23 @@ def smollm2_path() -> Path:
 
 def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """One shared Engine on the real SmolLM2 model (default config) for the whole session."""
+    from radixgen.runtime.engine import Engine
+
+    eng = Engine()
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_path):
+    """HF transformers' own load of the same GGUF: the oracle for our outputs."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
+    ).eval()

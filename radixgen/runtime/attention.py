@@ -47,7 +47,7 @@ class AttentionMetadata:
             q_pad_index, q_valid_or_none = None, None
         else:
             starts = torch.cumsum(extend, 0) - extend  # [B]
-            q_pad_index = torch.where(q_valid, starts[:, None] + q_pos[None, :], torch.zeros_like(q_valid, dtype=torch.int64))
+            q_pad_index = torch.where(q_valid, starts[:, None] + q_pos[None, :], 0)  # [B, E]
             q_valid_or_none = q_valid
         # key j visible to query i of request r iff j <= prefix[r] + i and j < seq[r]
         limit = prefix[:, None] + q_pos[None, :]  # [B, E]

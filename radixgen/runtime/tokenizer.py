@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path

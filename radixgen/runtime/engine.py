@@ -1,0 +1,284 @@
+"""Engine: the in-process entry point (generate / async_generate / abort / flush_cache / shutdown).
+
+Requests are tokenized and validated on the caller's thread, then handed to the scheduler thread,
+which batches them continuously with everything else in flight. Results come back through a
+per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for the async one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.model_runner import ModelRunner
+from radixgen.runtime.request import Req
+from radixgen.runtime.scheduler import Scheduler
+from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
+from radixgen.sampling.params import SamplingParams
+
+Prompt = str | list[str] | None
+Ids = list[int] | list[list[int]] | None
+
+
+class Engine:
+    """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`."""
+
+    def __init__(self, model: str | None = None, **config: Any) -> None:
+        unknown = sorted(set(config) - set(EngineConfig.field_names()))
+        if unknown:
+            raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
+        self.config = EngineConfig(model=model, **config)
+        self.tokenizer = load_tokenizer(model)
+        self.runner = ModelRunner(self.config)
+        self.model_config = self.runner.model_config
+        self.context_length = self.runner.context_length
+        eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
+        self.scheduler = Scheduler(self.config, self.runner, eos)
+        self._rng = random.Random(self.config.seed)
+        self._closed = False
+
+    # ------------------------------------------------------------------ request building
+
+    def _inputs(self, prompt: Prompt, input_ids: Ids) -> tuple[list[list[int]], bool]:
+        """Tokenize; return (one id list per prompt, whether the caller passed a single prompt)."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("pass exactly one of `prompt` (str or list of str) and `input_ids`")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            texts = [prompt] if single else list(prompt)
+            if not all(isinstance(t, str) for t in texts):
+                raise ValueError("prompt must be a str or a list of str")
+            for t in texts:
+                if t == "":
+                    raise ValueError("prompt is empty: give at least one character of text")
+            return [self.tokenizer.encode(t) for t in texts], single
+        single = bool(input_ids) and isinstance(input_ids[0], int)
+        lists = [list(input_ids)] if single else [list(x) for x in input_ids]
+        for ids in lists:
+            if not ids:
+                raise ValueError("input_ids is empty: give at least one token id")
+            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size]
+            if bad:
+                raise ValueError(f"input_ids holds {bad[0]!r}, not a token id in [0, {self.model_config.vocab_size})")
+        return lists, single
+
+    def _params(self, sampling_params: dict | list[dict] | None, count: int) -> list[SamplingParams]:
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != count:
+                raise ValueError(f"got {len(sampling_params)} sampling_params for {count} prompts")
+            dicts = sampling_params
+        else:
+            dicts = [sampling_params or {}] * count
+        out = []
+        for d in dicts:
+            p = d if isinstance(d, SamplingParams) else SamplingParams.from_dict(d)
+            p.validate(self.model_config.vocab_size)
+            out.append(p)
+        return out
+
+    def _make_req(self, ids: list[int], params: SamplingParams, emit: Callable[[dict], None], *, stream: bool,
+                  return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
+                  extra_key: str | None, rid: str | None) -> Req:
+        if len(ids) >= self.context_length:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens, which does not fit the context length {self.context_length}: "
+                f"shorten the prompt"
+            )
+        if len(ids) + 1 > self.config.max_total_tokens:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than the KV pool ({self.config.max_total_tokens})")
+        room = self.context_length - len(ids)
+        if params.max_new_tokens > room:
+            params = replace(params, max_new_tokens=room)
+        if return_logprob:
+            params = replace(params, logprobs=True, top_logprobs=max(params.top_logprobs, top_logprobs_num))
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        detok = IncrementalDetokenizer(self.tokenizer, ids, list(params.stop), params.skip_special_tokens)
+        return Req(
+            rid=rid or uuid.uuid4().hex, input_ids=ids, params=params, seed=seed, detok=detok, emit=emit,
+            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num, extra_key=extra_key, stream=stream,
+        )
+
+    def _expand(self, prompt: Prompt, sampling_params: Any, input_ids: Ids) -> tuple[list[tuple], bool]:
+        """(ids, params, index) for every sequence to run (n > 1 gives n sequences per prompt)."""
+        id_lists, single = self._inputs(prompt, input_ids)
+        params = self._params(sampling_params, len(id_lists))
+        seqs = []
+        for ids, p in zip(id_lists, params, strict=True):
+            for k in range(p.n):
+                seed = p.seed + k if p.seed is not None and p.n > 1 else p.seed
+                seqs.append((ids, replace(p, n=1, seed=seed)))
+        return seqs, single and len(seqs) == 1
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Engine has been shut down")
+
+    # ------------------------------------------------------------------ sync API
+
+    def generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: Ids = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        extra_key: str | None = None,
+        rid: str | None = None,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generate for one prompt (returns a dict) or a list (returns a list of dicts).
+
+        With `n > 1` a prompt gives n results (its KV is computed once and shared). `stream=True`
+        (single prompt) returns an iterator of chunks whose "text" is the new text.
+        """
+        self._check_open()
+        seqs, single = self._expand(prompt, sampling_params, input_ids)
+        opts = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num, extra_key=extra_key)
+        if stream:
+            if len(seqs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            return self._stream(seqs[0], rid=rid, **opts)
+        self._precache(seqs, extra_key)
+        channels = []
+        reqs = []
+        for ids, p in seqs:
+            q: queue.Queue = queue.Queue()
+            reqs.append(self._make_req(ids, p, q.put, stream=False, rid=rid if single else None, **opts))
+            channels.append(q)
+        for r in reqs:
+            self.scheduler.add_request(r)
+        results = [q.get() for q in channels]
+        return results[0] if single else results
+
+    def _precache(self, seqs: list[tuple], extra_key: str | None) -> None:
+        """Prefill prompts that several sequences share (n > 1) once, so they reuse its KV."""
+        shared = _shared_prompts(seqs)
+        if shared and not self.config.disable_radix_cache:
+            self.generate(input_ids=shared, sampling_params={"max_new_tokens": 0}, extra_key=extra_key)
+
+    def _stream(self, seq: tuple, rid: str | None, **opts: Any) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        req = self._make_req(seq[0], seq[1], q.put, stream=True, rid=rid, **opts)
+        self.scheduler.add_request(req)
+
+        def chunks() -> Iterator[dict]:
+            try:
+                while True:
+                    chunk = q.get()
+                    yield chunk
+                    if chunk["meta_info"]["finish_reason"] is not None:
+                        return
+            finally:
+                if req.finished is None:
+                    self.abort(req.rid)
+
+        return chunks()
+
+    # ------------------------------------------------------------------ async API
+
+    async def async_generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: Ids = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        extra_key: str | None = None,
+        rid: str | None = None,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """asyncio twin of `generate`; with stream=True returns an async iterator of chunks."""
+        self._check_open()
+        seqs, single = self._expand(prompt, sampling_params, input_ids)
+        opts = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num, extra_key=extra_key)
+        loop = asyncio.get_running_loop()
+        if stream:
+            if len(seqs) != 1:
+                raise ValueError("stream=True takes a single prompt with n=1")
+            return self._astream(seqs[0], loop, rid=rid, **opts)
+        if _shared_prompts(seqs):
+            await loop.run_in_executor(None, self._precache, seqs, extra_key)
+        futures = []
+        reqs = []
+        for ids, p in seqs:
+            fut = loop.create_future()
+            emit = _future_setter(loop, fut)
+            reqs.append(self._make_req(ids, p, emit, stream=False, rid=rid if single else None, **opts))
+            futures.append(fut)
+        for r in reqs:
+            self.scheduler.add_request(r)
+        try:
+            results = list(await asyncio.gather(*futures))
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return results[0] if single else results
+
+    async def _astream(self, seq: tuple, loop: asyncio.AbstractEventLoop, rid: str | None,
+                       **opts: Any) -> AsyncIterator[dict]:
+        q: asyncio.Queue = asyncio.Queue()
+        req = self._make_req(seq[0], seq[1], lambda c: loop.call_soon_threadsafe(q.put_nowait, c),
+                             stream=True, rid=rid, **opts)
+        self.scheduler.add_request(req)
+        try:
+            while True:
+                chunk = await q.get()
+                yield chunk
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    return
+        finally:
+            if req.finished is None:
+                self.abort(req.rid)
+
+    # ------------------------------------------------------------------ control
+
+    def abort(self, rid: str) -> None:
+        """Abort a request by id; its KV is released at the scheduler's next step."""
+        self.scheduler.abort(rid)
+
+    def flush_cache(self) -> bool:
+        """Empty the radix cache; only when no request is in flight (returns False otherwise)."""
+        return bool(self.scheduler.call("flush_cache", timeout=60))
+
+    def get_stats(self) -> dict:
+        """Running/waiting counts, KV usage, cache hit rate, throughput and latency histograms."""
+        return dict(self.scheduler.call("stats", timeout=60))
+
+    def shutdown(self) -> None:
+        """Stop the scheduler thread; requests in flight finish with reason "abort"."""
+        if not self._closed:
+            self._closed = True
+            self.scheduler.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _shared_prompts(seqs: list[tuple]) -> list[list[int]]:
+    """Prompts that more than one sequence starts from."""
+    counts: dict[tuple[int, ...], int] = {}
+    for ids, _ in seqs:
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    return [list(k) for k, c in counts.items() if c > 1]
+
+
+def _future_setter(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> Callable[[dict], None]:
+    def emit(chunk: dict) -> None:
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(chunk))
+
+    return emit

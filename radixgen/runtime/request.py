@@ -1,0 +1,118 @@
+"""Req: one sequence's state inside the scheduler, and how it finished."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixgen.radix_cache.radix_tree import RadixKey, TreeNode
+from radixgen.runtime.tokenizer import IncrementalDetokenizer
+from radixgen.sampling.params import SamplingParams
+
+
+@dataclass
+class FinishReason:
+    """Why a request stopped: "stop" (eos / stop token / stop string / grammar end), "length", "abort"."""
+
+    type: str
+    matched: int | str | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"type": self.type, "matched": self.matched}
+        if self.message:
+            d["message"] = self.message
+        return d
+
+
+@dataclass
+class Req:
+    """A request's tokens, cache state and output channel."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    seed: int
+    detok: IncrementalDetokenizer
+    emit: Callable[[dict], None]  # called on the scheduler thread with each output chunk
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    extra_key: str | None = None
+    stream: bool = False
+    output_ids: list[int] = field(default_factory=list)
+    # KV state: req_to_token[pool_idx, :kv_len] holds KV slots of fill_ids[:kv_len];
+    # the first `locked_len` of them belong to the radix tree (locked at `last_node`).
+    pool_idx: int | None = None
+    kv_len: int = 0
+    locked_len: int = 0
+    last_node: TreeNode | None = None
+    prefix_slots: torch.Tensor | None = None  # KV slots matched in the tree at admission
+    cached_tokens: int = 0
+    sent_ids: int = 0  # output ids already streamed
+    finished: FinishReason | None = None
+    to_abort: str | None = None
+    grammar: Any = None  # per-request Grammar matcher once compiled
+    grammar_future: Any = None  # Future of the compiled grammar while it compiles
+    # logprob accumulators: (logprob | None, token id) and top lists
+    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
+    output_logprobs: list[tuple[float, int]] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token of the sequence so far (the last output token has no KV yet)."""
+        return self.input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+    @property
+    def extend_len(self) -> int:
+        """Tokens to compute before the next token can be sampled."""
+        return self.seq_len - self.kv_len
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.extend_len > 1 or not self.output_ids
+
+    def prefix_cap(self) -> int:
+        """Longest prefix that may come from the cache: at least one token must be computed to
+        get logits, and prompt logprobs from `logprob_start_len` need the logits before it."""
+        cap = self.seq_len - 1
+        if self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids:
+            cap = min(cap, max(self.logprob_start_len - 1, 0))
+        return cap
+
+    def radix_key(self, length: int | None = None) -> RadixKey:
+        ids = self.fill_ids
+        return RadixKey(ids if length is None else ids[:length], self.extra_key)
+
+    def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
+        return req_to_token[self.pool_idx, : self.kv_len].clone()
+
+    def meta_info(self) -> dict[str, Any]:
+        m: dict[str, Any] = {
+            "id": self.rid,
+            "prompt_tokens": len(self.input_ids),
+            "completion_tokens": len(self.output_ids),
+            "cached_tokens": self.cached_tokens,
+            "finish_reason": self.finished.to_dict() if self.finished else None,
+            "e2e_latency": time.perf_counter() - self.created,
+        }
+        if self.return_logprob:
+            m["input_token_logprobs"] = self.input_logprobs
+            m["output_token_logprobs"] = self.output_logprobs
+            if self.top_logprobs_num:
+                m["input_top_logprobs"] = self.input_top_logprobs
+                m["output_top_logprobs"] = self.output_top_logprobs
+        return m

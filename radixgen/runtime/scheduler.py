@@ -1,0 +1,347 @@
+"""Scheduler: continuous batching over the radix cache, in its own thread.
+
+Every step admits new requests (continuous batching), mixes prefill chunks and decodes in one
+ForwardBatch, and keeps a waiting queue ordered by `lpm` (longest cached prefix first) or `fcfs`.
+Long prompts are prefilled in chunks under `chunked_prefill_size` tokens a step, the computed part
+inserted into the tree between chunks. When decode runs out of KV, the requests with the least
+progress are retracted to the waiting queue (their KV goes to the tree) and resumed later.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from radixgen.radix_cache.radix_tree import RadixCache
+from radixgen.runtime.batch import ScheduledBatch, StepOutput
+from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.metrics import SchedulerMetrics
+from radixgen.runtime.model_runner import ModelRunner
+from radixgen.runtime.request import FinishReason, Req
+from radixgen.runtime.worker import ModelWorker
+
+LPM_FALLBACK_QUEUE_LEN = 128  # past this many waiting requests lpm's matching costs more than it saves
+DECODE_RESERVE_TOKENS = 8  # KV kept free per running request when admitting new prefills
+
+
+@dataclass
+class _Control:
+    """A request to the scheduler thread that is not a generation request."""
+
+    op: str
+    arg: object = None
+    done: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+
+
+class Scheduler:
+    """Owns the waiting/running queues, the radix tree and the step loop."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner, eos_token_ids: set[int]) -> None:
+        self.config = config
+        self.runner = runner
+        self.eos_token_ids = eos_token_ids
+        self.req_pool = runner.req_to_token_pool
+        self.kv_pool = runner.token_to_kv_pool
+        self.tree = RadixCache(self.kv_pool.allocator, config.page_size, disable=config.disable_radix_cache)
+        self.worker = ModelWorker(config, runner, eos_token_ids)
+        self.inbox: queue.Queue[Req | _Control] = queue.Queue()
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.metrics = SchedulerMetrics()
+        self.context_length = runner.context_length
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="radixgen-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ API (any thread)
+
+    def add_request(self, req: Req) -> None:
+        self.inbox.put(req)
+
+    def abort(self, rid: str) -> None:
+        self.inbox.put(_Control("abort", rid))
+
+    def call(self, op: str, arg: object = None, timeout: float | None = None) -> object:
+        """Run a control op ("flush_cache", "stats") on the scheduler thread and wait for it."""
+        c = _Control(op, arg)
+        self.inbox.put(c)
+        if not c.done.wait(timeout):
+            raise TimeoutError(f"scheduler did not answer {op!r}")
+        if isinstance(c.result, Exception):
+            raise c.result
+        return c.result
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self.inbox.put(_Control("stop"))
+        self._thread.join(timeout=30)
+        self.worker.shutdown()
+
+    # ------------------------------------------------------------------ loop
+
+    def _loop(self) -> None:
+        while not self._stop:
+            self._drain(block=not (self.waiting or self.running))
+            if self._stop:
+                break
+            try:
+                batch = self._schedule()
+                if batch is None:
+                    if self.waiting or self.running:
+                        time.sleep(0.001)  # e.g. grammars still compiling
+                    continue
+                out = self.worker.run(batch)
+                self._process(batch, out)
+            except Exception as e:  # a bug must not hang callers: fail everything in flight
+                for req in self.running + self.waiting:
+                    self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
+                self.running, self.waiting = [], []
+                raise
+        for req in self.running + self.waiting:
+            self._finish(req, FinishReason("abort", message="engine shut down"))
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if isinstance(item, Req):
+                self.waiting.append(item)
+                self.metrics.on_arrival()
+            else:
+                self._control(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _control(self, c: _Control) -> None:
+        try:
+            if c.op == "abort":
+                for req in self.waiting + self.running:
+                    if req.rid == c.arg:
+                        req.to_abort = "aborted by client"
+            elif c.op == "flush_cache":
+                c.result = self._flush_cache()
+            elif c.op == "stats":
+                c.result = self.stats()
+            elif c.op == "stop":
+                self._stop = True
+        except Exception as e:  # report to the caller
+            c.result = e
+        c.done.set()
+
+    def _flush_cache(self) -> bool:
+        if self.running or self.waiting:
+            return False
+        self.tree.reset()
+        self.kv_pool.allocator.clear()
+        self.req_pool.clear()
+        return True
+
+    def stats(self) -> dict:
+        cap = self.kv_pool.size
+        used = cap - self.kv_pool.available_size()
+        return self.metrics.snapshot(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            kv_used=used,
+            kv_capacity=cap,
+            kv_evictable=self.tree.evictable_size(),
+        )
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _available(self) -> int:
+        return self.kv_pool.available_size() + self.tree.evictable_size()
+
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        short = n - self.kv_pool.available_size()
+        if short > 0:
+            self.tree.evict(short)
+        return self.kv_pool.alloc(n)
+
+    def _schedule(self) -> ScheduledBatch | None:
+        for req in [r for r in self.waiting + self.running if r.to_abort]:
+            self._finish(req, FinishReason("abort", message=req.to_abort))
+        decodes = [r for r in self.running if not r.is_prefilling]
+        while decodes and self._available() < len(decodes):
+            victim = self._retract(decodes)
+            decodes.remove(victim)
+        chunks: dict[str, int] = {r.rid: 1 for r in decodes}
+        budget = self.config.chunked_prefill_size
+        # unfinished chunked prefills first, then new requests
+        for req in [r for r in self.running if r.is_prefilling]:
+            n = min(req.extend_len, budget)
+            if n <= 0 or n > self._available():
+                continue
+            chunks[req.rid], budget = n, budget - n
+        for req in self._ordered_waiting():
+            if budget <= 0 or self.req_pool.available_size() == 0:
+                break
+            if len(self.running) >= self.config.max_running_requests:
+                break
+            if not self._ready(req):
+                continue
+            self._match(req)
+            n = min(req.extend_len, budget)
+            reserve = DECODE_RESERVE_TOKENS * len(self.running)
+            if n > self._available() - reserve and self.running:
+                self._unlock(req)
+                break
+            req.pool_idx = self.req_pool.alloc()
+            self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = req.prefix_slots
+            self.waiting.remove(req)
+            self.running.append(req)
+            chunks[req.rid], budget = n, budget - n
+        reqs = [r for r in self.running if r.rid in chunks]
+        if not reqs:
+            return None
+        lens = [chunks[r.rid] for r in reqs]
+        loc = self._alloc(sum(lens))
+        if loc is None:  # cannot happen after the checks above unless the pool is tiny
+            victim = self._retract(reqs) if len(reqs) > 1 else None
+            if victim is None:
+                self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
+            return None
+        return ScheduledBatch.build(reqs, lens, loc, self.req_pool.req_to_token)
+
+    def _ordered_waiting(self) -> list[Req]:
+        if self.config.schedule_policy == "fcfs" or len(self.waiting) > LPM_FALLBACK_QUEUE_LEN:
+            return list(self.waiting)
+        if self.tree.disable:
+            return list(self.waiting)
+        scored = [(-self.tree.match_prefix(r.radix_key(r.prefix_cap())).prefix_len, i, r)
+                  for i, r in enumerate(self.waiting)]
+        return [r for _, _, r in sorted(scored, key=lambda x: x[:2])]
+
+    def _ready(self, req: Req) -> bool:
+        """A request waits (without blocking others) until its grammar is compiled."""
+        return req.grammar_future is None or req.grammar_future.done()
+
+    def _match(self, req: Req) -> None:
+        m = self.tree.match_prefix(req.radix_key(req.prefix_cap()))
+        self.tree.inc_lock_ref(m.last_node)
+        req.last_node, req.locked_len, req.kv_len = m.last_node, m.prefix_len, m.prefix_len
+        req.prefix_slots = m.kv_indices
+        if not req.output_ids:
+            req.cached_tokens = m.prefix_len
+            self.metrics.cached_prompt_tokens += m.prefix_len
+
+    def _unlock(self, req: Req) -> None:
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.locked_len, req.kv_len = None, 0, 0
+
+    def _retract(self, candidates: list[Req]) -> Req:
+        """Send the request with the least progress back to the waiting queue; its KV goes to the tree."""
+        victim = min(candidates, key=lambda r: (len(r.output_ids), -r.created))
+        self._release(victim)
+        victim.kv_len = 0
+        self.running.remove(victim)
+        self.waiting.insert(0, victim)
+        self.metrics.retractions += 1
+        return victim
+
+    def _release(self, req: Req) -> None:
+        """Hand the request's KV to the tree (or free it) and give back its request slot."""
+        if req.pool_idx is None:
+            if req.last_node is not None:
+                self._unlock(req)
+            return
+        slots = req.kv_slots(self.req_pool.req_to_token)
+        self.tree.cache_finished_req(req.radix_key(req.kv_len), slots, req.last_node, req.locked_len)
+        self.req_pool.free(req.pool_idx)
+        req.pool_idx, req.last_node, req.locked_len = None, None, 0
+
+    # ------------------------------------------------------------------ results
+
+    def _process(self, batch: ScheduledBatch, out: StepOutput) -> None:
+        now = time.perf_counter()
+        for i, req in enumerate(batch.reqs):
+            req.kv_len += batch.extend_lens[i]
+            if req.return_logprob:
+                req.input_logprobs.extend(out.input_logprobs[i])
+                req.input_top_logprobs.extend(out.input_top_logprobs[i])
+            if req.extend_len > 0 and not batch.samples[i]:  # unfinished chunk: cache what is done
+                self._cache_unfinished(req)
+                continue
+            if req.params.max_new_tokens == 0:
+                self._finish(req, FinishReason("length", matched=None))
+                continue
+            token = out.next_token_ids[i]
+            req.output_ids.append(token)
+            self.metrics.generated_tokens += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.metrics.on_first_token(now - req.created)
+            elif req.last_token_time is not None:
+                self.metrics.on_token_gap(now - req.last_token_time)
+            req.last_token_time = now
+            if req.return_logprob:
+                req.output_logprobs.append((out.logprobs[i], token))
+                if req.top_logprobs_num:
+                    req.output_top_logprobs.append(out.top_logprobs[i])
+            self._check_finish(req, token)
+        self.metrics.prompt_tokens += batch.prefill_tokens
+
+    def _cache_unfinished(self, req: Req) -> None:
+        slots = req.kv_slots(self.req_pool.req_to_token)
+        new_slots, node = self.tree.cache_unfinished_req(req.radix_key(req.kv_len), slots, req.last_node,
+                                                         req.locked_len)
+        self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = new_slots
+        if not self.tree.disable:
+            req.last_node = node
+            req.locked_len = req.kv_len // self.config.page_size * self.config.page_size
+
+    def _check_finish(self, req: Req, token: int) -> None:
+        p = req.params
+        stop_ids = set(p.stop_token_ids or ())
+        if not p.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        delta = ""
+        if token in stop_ids:
+            finish = FinishReason("stop", matched=token)
+        else:
+            delta = req.detok.add([token])
+            finish = None
+            if req.detok.stopped:
+                finish = FinishReason("stop", matched=req.detok.matched_stop)
+            elif req.grammar is not None and req.grammar.is_terminated():
+                finish = FinishReason("stop", matched=None)
+        if finish is None and len(req.output_ids) >= p.max_new_tokens:
+            finish = FinishReason("length", matched=None)
+        if finish is None and req.seq_len >= self.context_length:
+            finish = FinishReason("length", matched=None)
+        if finish is not None:
+            self._finish(req, finish, delta)
+        elif req.stream and delta:
+            req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
+
+    @staticmethod
+    def _new_ids(req: Req) -> list[int]:
+        ids = req.output_ids[req.sent_ids :]
+        req.sent_ids = len(req.output_ids)
+        return ids
+
+    def _finish(self, req: Req, reason: FinishReason, delta: str = "") -> None:
+        req.finished = reason
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self._release(req)
+        self.metrics.on_finish()
+        if req.stream:
+            delta += req.detok.flush()
+            req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
+        else:
+            req.detok.flush()
+            req.emit({"text": req.detok.output_text, "output_ids": list(req.output_ids),
+                      "meta_info": req.meta_info()})
+

@@ -1,0 +1,73 @@
+"""ModelWorker: model forward + sampling for one ScheduledBatch.
+
+The worker turns the scheduler's batch into logits (ModelRunner), prompt logprobs where asked,
+and sampled tokens (Sampler: grammar bitmask, penalties, temperature, top-k/p, min-p, seeds).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixgen.runtime.batch import ScheduledBatch, StepOutput
+from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.model_runner import ModelRunner
+from radixgen.sampling.sampler import Sampler
+from radixgen.sampling.torch_ops import SamplingBatch
+
+
+def _top_list(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[float, int]]]:
+    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
+
+
+class ModelWorker:
+    """Runs forward passes and sampling for the scheduler."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner, eos_token_ids: set[int]) -> None:
+        self.runner = runner
+        self.eos_token_ids = sorted(eos_token_ids)
+        self.sampler = Sampler(config.sampling_backend, runner.device)
+
+    def run(self, batch: ScheduledBatch, bitmask: torch.Tensor | None = None) -> StepOutput:
+        logits = self.runner.forward(batch.forward)  # [L, V] float32
+        out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
+        self._prompt_logprobs(batch, logits, out)
+        idx = [i for i, s in enumerate(batch.samples) if s]
+        if not idx:
+            return out
+        reqs = [batch.reqs[i] for i in idx]
+        rows = logits[[batch.sample_rows[i] for i in idx]]  # [S, V]
+        sb = SamplingBatch.build([r.params for r in reqs], [r.output_ids for r in reqs], [r.seed for r in reqs],
+                                 self.runner.vocab_size, self.eos_token_ids, self.runner.device)
+        res = self.sampler(rows, sb, bitmask)
+        tokens = res.next_token_ids.tolist()
+        lps = res.logprobs.tolist() if res.logprobs is not None else [None] * len(idx)
+        tops = (_top_list(res.top_logprob_values, res.top_logprob_ids)
+                if res.top_logprob_ids is not None else [[] for _ in idx])
+        for j, i in enumerate(idx):
+            out.next_token_ids[i], out.logprobs[i] = tokens[j], lps[j]
+            out.top_logprobs[i] = tops[j][: batch.reqs[i].top_logprobs_num]
+        return out
+
+    def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
+        out.input_logprobs = [[] for _ in batch.reqs]
+        out.input_top_logprobs = [[] for _ in batch.reqs]
+        for i, req in enumerate(batch.reqs):
+            if not req.return_logprob:
+                continue
+            if batch.first_input_none[i]:
+                out.input_logprobs[i].append((None, req.input_ids[0]))
+                out.input_top_logprobs[i].append(None)
+            if not batch.input_targets[i]:
+                continue
+            lp = torch.log_softmax(logits[batch.input_rows[i]], dim=-1)  # [n, V]
+            tgt = torch.tensor(batch.input_targets[i])
+            vals = lp.gather(1, tgt[:, None])[:, 0].tolist()
+            out.input_logprobs[i].extend(zip(vals, batch.input_targets[i], strict=True))
+            if req.top_logprobs_num:
+                top = lp.topk(req.top_logprobs_num, dim=-1)
+                out.input_top_logprobs[i].extend(_top_list(top.values, top.indices))
+            else:
+                out.input_top_logprobs[i].extend([None] * len(vals))
+
+    def shutdown(self) -> None:
+        pass
