@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# Triton kernels run under the interpreter on CPU-only machines; the flag must be set before any
+# module defining a kernel is imported (see DESIGN.md, known traps).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=8192)
 
