@@ -1,0 +1,11 @@
+"""Backends of the program language: in-process Engine, RuntimeEndpoint (HTTP), OpenAI-compatible."""
+
+from radixgen.lang.backends.base import (
+    Backend,
+    ChatTemplate,
+    Context,
+    get_default_backend,
+    set_default_backend,
+)
+
+__all__ = ["Backend", "ChatTemplate", "Context", "get_default_backend", "set_default_backend"]
