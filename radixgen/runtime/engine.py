@@ -12,9 +12,11 @@ import queue
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
+from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.model_runner import ModelRunner
 from radixgen.runtime.request import Req
@@ -41,7 +43,29 @@ class Engine:
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         self.scheduler = Scheduler(self.config, self.runner, eos)
         self._rng = random.Random(self.config.seed)
+        self._grammar_cache: GrammarCache | None = None
         self._closed = False
+
+    # ------------------------------------------------------------------ constraints
+
+    @property
+    def grammar_cache(self) -> GrammarCache:
+        """Compiled-grammar cache of the configured backend (built on first use: ~1 s)."""
+        if self._grammar_cache is None:
+            backend = make_backend(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
+            self._grammar_cache = GrammarCache(backend)
+        return self._grammar_cache
+
+    def _constraint(self, params: SamplingParams) -> Future | None:
+        """Start compiling the request's constraint (cached, off the scheduler thread), or None."""
+        spec = spec_from_params(params.json_schema, params.regex, params.ebnf, params.structural_tag)
+        return None if spec is None else self.grammar_cache.get_or_compile(spec)
+
+    def _attach_grammars(self, reqs: list[Req], futures: list[Future | None]) -> None:
+        """Give each constrained request its own matcher (raises GrammarError for a bad constraint)."""
+        for req, fut in zip(reqs, futures, strict=True):
+            if fut is not None:
+                req.grammar = self.grammar_cache.backend.matcher(fut.result())
 
     # ------------------------------------------------------------------ request building
 
@@ -147,13 +171,15 @@ class Engine:
             if len(seqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
             return self._stream(seqs[0], rid=rid, **opts)
-        self._precache(seqs, extra_key)
+        futures = [self._constraint(p) for _, p in seqs]
         channels = []
         reqs = []
         for ids, p in seqs:
             q: queue.Queue = queue.Queue()
             reqs.append(self._make_req(ids, p, q.put, stream=False, rid=rid if single else None, **opts))
             channels.append(q)
+        self._attach_grammars(reqs, futures)  # waits for compiles on this thread, not the scheduler's
+        self._precache(seqs, extra_key)
         for r in reqs:
             self.scheduler.add_request(r)
         results = [q.get() for q in channels]
@@ -168,6 +194,7 @@ class Engine:
     def _stream(self, seq: tuple, rid: str | None, **opts: Any) -> Iterator[dict]:
         q: queue.Queue = queue.Queue()
         req = self._make_req(seq[0], seq[1], q.put, stream=True, rid=rid, **opts)
+        self._attach_grammars([req], [self._constraint(seq[1])])
         self.scheduler.add_request(req)
 
         def chunks() -> Iterator[dict]:
@@ -207,8 +234,7 @@ class Engine:
             if len(seqs) != 1:
                 raise ValueError("stream=True takes a single prompt with n=1")
             return self._astream(seqs[0], loop, rid=rid, **opts)
-        if _shared_prompts(seqs):
-            await loop.run_in_executor(None, self._precache, seqs, extra_key)
+        compiles = [self._constraint(p) for _, p in seqs]
         futures = []
         reqs = []
         for ids, p in seqs:
@@ -216,6 +242,10 @@ class Engine:
             emit = _future_setter(loop, fut)
             reqs.append(self._make_req(ids, p, emit, stream=False, rid=rid if single else None, **opts))
             futures.append(fut)
+        await asyncio.gather(*[asyncio.wrap_future(c) for c in compiles if c is not None])
+        self._attach_grammars(reqs, compiles)
+        if _shared_prompts(seqs):
+            await loop.run_in_executor(None, self._precache, seqs, extra_key)
         for r in reqs:
             self.scheduler.add_request(r)
         try:
@@ -231,6 +261,10 @@ class Engine:
         q: asyncio.Queue = asyncio.Queue()
         req = self._make_req(seq[0], seq[1], lambda c: loop.call_soon_threadsafe(q.put_nowait, c),
                              stream=True, rid=rid, **opts)
+        compile_ = self._constraint(seq[1])
+        if compile_ is not None:
+            await asyncio.wrap_future(compile_)
+        self._attach_grammars([req], [compile_])
         self.scheduler.add_request(req)
         try:
             while True:
@@ -261,6 +295,8 @@ class Engine:
         if not self._closed:
             self._closed = True
             self.scheduler.shutdown()
+            if self._grammar_cache is not None:
+                self._grammar_cache.shutdown(wait=False)
 
     def __enter__(self) -> Engine:
         return self

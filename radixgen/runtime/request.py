@@ -56,8 +56,7 @@ class Req:
     sent_ids: int = 0  # output ids already streamed
     finished: FinishReason | None = None
     to_abort: str | None = None
-    grammar: Any = None  # per-request Grammar matcher once compiled
-    grammar_future: Any = None  # Future of the compiled grammar while it compiles
+    grammar: Any = None  # per-request Grammar matcher (constrained decoding), or None
     # logprob accumulators: (logprob | None, token id) and top lists
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)

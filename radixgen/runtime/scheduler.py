@@ -93,7 +93,7 @@ class Scheduler:
                 batch = self._schedule()
                 if batch is None:
                     if self.waiting or self.running:
-                        time.sleep(0.001)  # e.g. grammars still compiling
+                        time.sleep(0.001)  # nothing fits yet (KV held by running requests)
                     continue
                 out = self.worker.run(batch)
                 self._process(batch, out)
@@ -187,8 +187,6 @@ class Scheduler:
                 break
             if len(self.running) >= self.config.max_running_requests:
                 break
-            if not self._ready(req):
-                continue
             self._match(req)
             n = min(req.extend_len, budget)
             reserve = DECODE_RESERVE_TOKENS * len(self.running)
@@ -220,10 +218,6 @@ class Scheduler:
         scored = [(-self.tree.match_prefix(r.radix_key(r.prefix_cap())).prefix_len, i, r)
                   for i, r in enumerate(self.waiting)]
         return [r for _, _, r in sorted(scored, key=lambda x: x[:2])]
-
-    def _ready(self, req: Req) -> bool:
-        """A request waits (without blocking others) until its grammar is compiled."""
-        return req.grammar_future is None or req.grammar_future.done()
 
     def _match(self, req: Req) -> None:
         m = self.tree.match_prefix(req.radix_key(req.prefix_cap()))
@@ -305,7 +299,9 @@ class Scheduler:
         if not p.ignore_eos:
             stop_ids |= self.eos_token_ids
         delta = ""
-        if token in stop_ids:
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            finish = FinishReason("abort", message=f"token {token} violates the request's constraint")
+        elif token in stop_ids:
             finish = FinishReason("stop", matched=token)
         else:
             delta = req.detok.add([token])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from radixgen.grammar.base import allocate_bitmask
 from radixgen.runtime.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.model_runner import ModelRunner
@@ -27,7 +28,7 @@ class ModelWorker:
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(config.sampling_backend, runner.device)
 
-    def run(self, batch: ScheduledBatch, bitmask: torch.Tensor | None = None) -> StepOutput:
+    def run(self, batch: ScheduledBatch) -> StepOutput:
         logits = self.runner.forward(batch.forward)  # [L, V] float32
         out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
         self._prompt_logprobs(batch, logits, out)
@@ -38,7 +39,7 @@ class ModelWorker:
         rows = logits[[batch.sample_rows[i] for i in idx]]  # [S, V]
         sb = SamplingBatch.build([r.params for r in reqs], [r.output_ids for r in reqs], [r.seed for r in reqs],
                                  self.runner.vocab_size, self.eos_token_ids, self.runner.device)
-        res = self.sampler(rows, sb, bitmask)
+        res = self.sampler(rows, sb, self._grammar_bitmask(reqs))
         tokens = res.next_token_ids.tolist()
         lps = res.logprobs.tolist() if res.logprobs is not None else [None] * len(idx)
         tops = (_top_list(res.top_logprob_values, res.top_logprob_ids)
@@ -47,6 +48,16 @@ class ModelWorker:
             out.next_token_ids[i], out.logprobs[i] = tokens[j], lps[j]
             out.top_logprobs[i] = tops[j][: batch.reqs[i].top_logprobs_num]
         return out
+
+    def _grammar_bitmask(self, reqs: list) -> torch.Tensor | None:
+        """int32 [S, ceil(V/32)] allowed-token bits of constrained rows (others all ones), or None."""
+        if all(r.grammar is None for r in reqs):
+            return None
+        bitmask = allocate_bitmask(len(reqs), self.runner.vocab_size)
+        for row, req in enumerate(reqs):
+            if req.grammar is not None:
+                req.grammar.fill_bitmask(bitmask, row)
+        return bitmask.to(self.runner.device)
 
     def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
         out.input_logprobs = [[] for _ in batch.reqs]

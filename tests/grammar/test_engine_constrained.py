@@ -1,0 +1,86 @@
+"""Constrained generation on SmolLM2: outputs validate (python-jsonschema) / full-match (re)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                                               "minItems": 1, "maxItems": 3}}, "required": ["tags"]},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]},
+    {"type": "object", "properties": {"value": {"anyOf": [{"type": "integer"}, {"type": "boolean"}]}},
+     "required": ["value"]},
+    {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                      "required": ["x", "y"]}},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}}, "required": ["a", "b"]},
+    {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["zip"]},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {
+        "id": {"type": "integer", "minimum": 1, "maximum": 999}, "active": {"type": "boolean"}},
+        "required": ["id", "active"]}}, "required": ["user"]},
+    {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 4},
+]
+
+REGEXES = {
+    "email": r"[a-z]{2,10}@[a-z]{2,10}\.(com|org|net)",
+    "date": r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])",
+    "phone": r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}",
+    "hex_color": r"#[0-9a-fA-F]{6}",
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_outputs_validate(engine, temperature):
+    prompts = [CHAT.format(f"Give an example JSON value for this schema: {json.dumps(s)}") for s in SCHEMAS]
+    params = [{"json_schema": json.dumps(s), "max_new_tokens": 96, "temperature": temperature, "seed": i}
+              for i, s in enumerate(SCHEMAS)]
+    for schema, out in zip(SCHEMAS, engine.generate(prompts, params), strict=True):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_regex_outputs_full_match(engine, temperature):
+    names = list(REGEXES)
+    prompts = [CHAT.format(f"Write one {n.replace('_', ' ')}.") for n in names]
+    params = [{"regex": REGEXES[n], "max_new_tokens": 40, "temperature": temperature, "seed": 3} for n in names]
+    for n, out in zip(names, engine.generate(prompts, params), strict=True):
+        assert re.fullmatch(REGEXES[n], out["text"]), (n, out["text"])
+
+
+def test_ebnf_and_json_object(engine):
+    ebnf = 'root ::= "yes" | "no" | "maybe"'
+    out = engine.generate(CHAT.format("Is the sky blue?"), {"ebnf": ebnf, "max_new_tokens": 5, "temperature": 0})
+    assert out["text"] in {"yes", "no", "maybe"}
+
+
+@pytest.mark.parametrize(
+    "params, needle",
+    [
+        ({"regex": "([a-z"}, "regex"),
+        ({"json_schema": "{not json"}, "JSON"),
+        ({"json_schema": json.dumps({"type": "strnig"})}, "strnig"),
+        ({"ebnf": "root ::= ("}, "EBNF"),
+    ],
+)
+def test_invalid_constraints_fail_that_request_only(engine, params, needle):
+    with pytest.raises(ValueError, match=needle):
+        engine.generate("hello", dict(params, max_new_tokens=4))
+    ok = engine.generate("hello", {"regex": "[0-9]{3}", "max_new_tokens": 6, "temperature": 0})
+    assert re.fullmatch("[0-9]{3}", ok["text"])
+
+
+def test_streaming_constrained(engine):
+    params = {"regex": REGEXES["date"], "max_new_tokens": 20, "temperature": 0}
+    full = engine.generate(CHAT.format("A date?"), params)["text"]
+    chunks = engine.generate(CHAT.format("A date?"), params, stream=True)
+    assert "".join(c["text"] for c in chunks) == full
