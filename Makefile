@@ -21,6 +21,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
+	$(PY) examples/json_extract.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
