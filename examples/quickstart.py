@@ -16,7 +16,7 @@ def assistant_turn(s, question):
     s += sgl.assistant(sgl.select("kind", choices=["a place", "a person", "a thing"]))
 
 
-def main(max_tokens_scale: float = 1.0) -> None:
+def main() -> None:
     engine = sgl.Engine()
     sgl.set_default_backend(engine)
     t0 = time.perf_counter()
@@ -24,7 +24,7 @@ def main(max_tokens_scale: float = 1.0) -> None:
     states = assistant_turn.run_batch([{"question": q} for q in questions], temperature=0, progress_bar=False)
     elapsed = time.perf_counter() - t0
     tokens = 0
-    for q, state in zip(questions, states):
+    for q, state in zip(questions, states, strict=True):
         state.sync()
         print(f"Q: {q}\nA: {state['answer'].strip()}\n   kind: {state['kind']}")
         for call in state.trace():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ class ScheduledBatch:
     input_targets: list[list[int]]
     first_input_none: list[bool]  # the first prompt token's logprob (None) belongs to this step
     prefill_tokens: int  # tokens of this step that are prompt (not decode) tokens
+    ready: threading.Event = field(default_factory=threading.Event)  # set once earlier results are processed
 
     @property
     def sampling_reqs(self) -> list[Req]:
@@ -43,12 +45,15 @@ class ScheduledBatch:
         input_targets: list[list[int]] = []
         first_none: list[bool] = []
         start = 0
-        prefill = sum(n for req, n in zip(reqs, lens, strict=True) if req.is_prefilling)
+        prefill = sum(n for req, n in zip(reqs, lens, strict=True) if not req.is_decoding)
         for req, n in zip(reqs, lens, strict=True):
             req_to_token[req.pool_idx, req.kv_len : req.kv_len + n] = loc[start : start + n]
             start += n
             fill = req.fill_ids
-            new_tokens.append(fill[req.kv_len : req.kv_len + n])
+            tokens = fill[req.kv_len : req.kv_len + n]
+            if len(tokens) < n:  # the input is the token the batch in flight samples: a placeholder
+                tokens.append(-(req.pending_ref + 1))
+            new_tokens.append(tokens)
             wanted: list[int] = []
             targets: list[int] = []
             if req.return_logprob and req.logprob_start_len >= 0 and not req.output_ids:
@@ -59,12 +64,19 @@ class ScheduledBatch:
                 targets = req.input_ids[lo + 1 : hi + 1]
             first_none.append(req.return_logprob and req.logprob_start_len == 0 and req.kv_len == 0
                               and not req.output_ids)
-            does_sample = req.kv_len + n == len(fill) and req.params.max_new_tokens > 0
+            does_sample = req.kv_len + n == req.known_len and req.params.max_new_tokens > 0
             rows_per_req.append(wanted + [n - 1] if does_sample else wanted)
             input_targets.append(targets)
             samples.append(does_sample)
         fb = make_forward_batch(new_tokens, [r.kv_len for r in reqs], [r.pool_idx for r in reqs], loc,
                                 rows_per_req, device=req_to_token.device)
+        n_sampled = 0
+        for req, n, does_sample in zip(reqs, lens, samples, strict=True):
+            req.kv_len += n
+            req.inflight += 1
+            if does_sample:
+                req.pending += 1
+                req.pending_ref, n_sampled = n_sampled, n_sampled + 1
         # absolute logits rows: each request's wanted offsets are laid out one after another
         input_rows, sample_rows, base = [], [], 0
         for wanted, targets, does_sample in zip(rows_per_req, input_targets, samples, strict=True):

@@ -45,10 +45,16 @@ class Req:
     extra_key: str | None = None
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
-    # KV state: req_to_token[pool_idx, :kv_len] holds KV slots of fill_ids[:kv_len];
-    # the first `locked_len` of them belong to the radix tree (locked at `last_node`).
+    # KV state: req_to_token[pool_idx, :kv_len] holds KV slots of fill_ids[:kv_len] (scheduled;
+    # computed up to done_kv_len); the first `locked_len` belong to the radix tree (locked at
+    # `last_node`). `inflight` batches hold this request; `pending` sampled tokens are not yet
+    # known to this thread (overlap schedule), the latest at row `pending_ref` of its batch.
     pool_idx: int | None = None
     kv_len: int = 0
+    done_kv_len: int = 0
+    inflight: int = 0
+    pending: int = 0
+    pending_ref: int = -1
     locked_len: int = 0
     last_node: TreeNode | None = None
     prefix_slots: torch.Tensor | None = None  # KV slots matched in the tree at admission
@@ -76,13 +82,24 @@ class Req:
         return len(self.input_ids) + len(self.output_ids)
 
     @property
-    def extend_len(self) -> int:
-        """Tokens to compute before the next token can be sampled."""
-        return self.seq_len - self.kv_len
+    def known_len(self) -> int:
+        """Sequence length counting sampled tokens still in flight."""
+        return self.seq_len + self.pending
 
     @property
-    def is_prefilling(self) -> bool:
-        return self.extend_len > 1 or not self.output_ids
+    def extend_len(self) -> int:
+        """Tokens to compute before the next token can be sampled."""
+        return self.known_len - self.kv_len
+
+    @property
+    def is_decoding(self) -> bool:
+        """Past the prompt: the next step feeds back the last sampled token."""
+        return bool(self.output_ids or self.pending) and self.extend_len == 1
+
+    @property
+    def wants_more(self) -> bool:
+        """Whether another token may follow (max_new_tokens not yet reached counting in-flight ones)."""
+        return len(self.output_ids) + self.pending < self.params.max_new_tokens
 
     def prefix_cap(self) -> int:
         """Longest prefix that may come from the cache: at least one token must be computed to

@@ -5,6 +5,13 @@ ForwardBatch, and keeps a waiting queue ordered by `lpm` (longest cached prefix 
 Long prompts are prefilled in chunks under `chunked_prefill_size` tokens a step, the computed part
 inserted into the tree between chunks. When decode runs out of KV, the requests with the least
 progress are retracted to the waiting queue (their KV goes to the tree) and resumed later.
+
+Overlap schedule: batch N+1 is scheduled and launched on the worker thread before batch N's
+results are processed, so the forward pass of N+1 runs while this thread detokenizes, checks stop
+conditions, streams and updates the tree for N. A decode input of N+1 that N has not produced yet
+is a placeholder the worker resolves from N's sampled ids. N+1 samples only after this thread has
+processed N (the batch's `ready` event), so penalties, seeds and grammar bitmasks see every token.
+A request that turns out to have finished at N wastes its N+1 slot, which is freed afterwards.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -85,23 +93,32 @@ class Scheduler:
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
-        while not self._stop:
-            self._drain(block=not (self.waiting or self.running))
-            if self._stop:
-                break
-            try:
-                batch = self._schedule()
+        inflight: tuple[ScheduledBatch, Future[StepOutput]] | None = None
+        try:
+            while not self._stop:
+                self._drain(block=not (self.waiting or self.running or inflight))
+                if self._stop:
+                    break
+                batch = self._schedule(can_retract=inflight is None)
+                future = self.worker.submit(batch) if batch is not None else None
+                if inflight is not None:
+                    self._process(inflight[0], inflight[1].result())
+                    inflight = None
                 if batch is None:
                     if self.waiting or self.running:
                         time.sleep(0.001)  # nothing fits yet (KV held by running requests)
                     continue
-                out = self.worker.run(batch)
-                self._process(batch, out)
-            except Exception as e:  # a bug must not hang callers: fail everything in flight
-                for req in self.running + self.waiting:
-                    self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
-                self.running, self.waiting = [], []
-                raise
+                batch.ready.set()  # the results before this batch are in: it may sample now
+                if self.config.disable_overlap:
+                    self._process(batch, future.result())
+                else:
+                    inflight = (batch, future)
+            if inflight is not None:
+                self._process(inflight[0], inflight[1].result())
+        except Exception as e:  # a bug must not hang callers: fail everything in flight
+            for req in self.running + self.waiting:
+                self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
+            raise
         for req in self.running + self.waiting:
             self._finish(req, FinishReason("abort", message="engine shut down"))
 
@@ -138,7 +155,7 @@ class Scheduler:
         c.done.set()
 
     def _flush_cache(self) -> bool:
-        if self.running or self.waiting:
+        if self.running or self.waiting:  # a finished request stays in running until its KV is released
             return False
         self.tree.reset()
         self.kv_pool.allocator.clear()
@@ -167,21 +184,29 @@ class Scheduler:
             self.tree.evict(short)
         return self.kv_pool.alloc(n)
 
-    def _schedule(self) -> ScheduledBatch | None:
-        for req in [r for r in self.waiting + self.running if r.to_abort]:
+    def _schedule(self, can_retract: bool) -> ScheduledBatch | None:
+        """Pick this step's requests and chunk lengths; None when nothing can run yet.
+
+        With a batch in flight (`can_retract` False) a KV shortage returns None instead of
+        retracting, so the in-flight batch is processed first.
+        """
+        for req in [r for r in self.waiting + self.running if r.to_abort and not r.finished]:
             self._finish(req, FinishReason("abort", message=req.to_abort))
-        decodes = [r for r in self.running if not r.is_prefilling]
-        while decodes and self._available() < len(decodes):
-            victim = self._retract(decodes)
-            decodes.remove(victim)
+        active = [r for r in self.running if r.finished is None]
+        decodes = [r for r in active if r.is_decoding and r.wants_more]
+        if self._available() < len(decodes):
+            if not can_retract:
+                return None
+            while decodes and self._available() < len(decodes):
+                decodes.remove(self._retract(decodes))
         chunks: dict[str, int] = {r.rid: 1 for r in decodes}
-        budget = self.config.chunked_prefill_size
+        need, budget = len(decodes), self.config.chunked_prefill_size
         # unfinished chunked prefills first, then new requests
-        for req in [r for r in self.running if r.is_prefilling]:
+        for req in [r for r in active if not r.is_decoding]:
             n = min(req.extend_len, budget)
-            if n <= 0 or n > self._available():
+            if n <= 0 or need + n > self._available():
                 continue
-            chunks[req.rid], budget = n, budget - n
+            chunks[req.rid], budget, need = n, budget - n, need + n
         for req in self._ordered_waiting():
             if budget <= 0 or self.req_pool.available_size() == 0:
                 break
@@ -190,23 +215,21 @@ class Scheduler:
             self._match(req)
             n = min(req.extend_len, budget)
             reserve = DECODE_RESERVE_TOKENS * len(self.running)
-            if n > self._available() - reserve and self.running:
+            if need + n > self._available() - reserve and self.running:
                 self._unlock(req)
                 break
             req.pool_idx = self.req_pool.alloc()
             self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = req.prefix_slots
             self.waiting.remove(req)
             self.running.append(req)
-            chunks[req.rid], budget = n, budget - n
+            chunks[req.rid], budget, need = n, budget - n, need + n
         reqs = [r for r in self.running if r.rid in chunks]
         if not reqs:
             return None
         lens = [chunks[r.rid] for r in reqs]
         loc = self._alloc(sum(lens))
-        if loc is None:  # cannot happen after the checks above unless the pool is tiny
-            victim = self._retract(reqs) if len(reqs) > 1 else None
-            if victim is None:
-                self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
+        if loc is None:  # a lone request larger than the whole pool
+            self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
             return None
         return ScheduledBatch.build(reqs, lens, loc, self.req_pool.req_to_token)
 
@@ -222,7 +245,8 @@ class Scheduler:
     def _match(self, req: Req) -> None:
         m = self.tree.match_prefix(req.radix_key(req.prefix_cap()))
         self.tree.inc_lock_ref(m.last_node)
-        req.last_node, req.locked_len, req.kv_len = m.last_node, m.prefix_len, m.prefix_len
+        req.last_node, req.locked_len = m.last_node, m.prefix_len
+        req.kv_len = req.done_kv_len = m.prefix_len
         req.prefix_slots = m.kv_indices
         if not req.output_ids:
             req.cached_tokens = m.prefix_len
@@ -230,13 +254,13 @@ class Scheduler:
 
     def _unlock(self, req: Req) -> None:
         self.tree.dec_lock_ref(req.last_node)
-        req.last_node, req.locked_len, req.kv_len = None, 0, 0
+        req.last_node, req.locked_len, req.kv_len, req.done_kv_len = None, 0, 0, 0
 
     def _retract(self, candidates: list[Req]) -> Req:
         """Send the request with the least progress back to the waiting queue; its KV goes to the tree."""
         victim = min(candidates, key=lambda r: (len(r.output_ids), -r.created))
         self._release(victim)
-        victim.kv_len = 0
+        victim.kv_len = victim.done_kv_len = 0
         self.running.remove(victim)
         self.waiting.insert(0, victim)
         self.metrics.retractions += 1
@@ -244,11 +268,13 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         """Hand the request's KV to the tree (or free it) and give back its request slot."""
+        if req in self.running and req.finished is not None:
+            self.running.remove(req)
         if req.pool_idx is None:
             if req.last_node is not None:
                 self._unlock(req)
             return
-        slots = req.kv_slots(self.req_pool.req_to_token)
+        slots = req.kv_slots(self.req_pool.req_to_token)  # all computed: nothing is in flight
         self.tree.cache_finished_req(req.radix_key(req.kv_len), slots, req.last_node, req.locked_len)
         self.req_pool.free(req.pool_idx)
         req.pool_idx, req.last_node, req.locked_len = None, None, 0
@@ -258,15 +284,22 @@ class Scheduler:
     def _process(self, batch: ScheduledBatch, out: StepOutput) -> None:
         now = time.perf_counter()
         for i, req in enumerate(batch.reqs):
-            req.kv_len += batch.extend_lens[i]
+            req.inflight -= 1
+            req.done_kv_len += batch.extend_lens[i]
+            if batch.samples[i]:
+                req.pending -= 1
+            if req.finished is not None:  # finished at an earlier batch: this step was wasted
+                if req.inflight == 0:
+                    self._release(req)
+                continue
             if req.return_logprob:
                 req.input_logprobs.extend(out.input_logprobs[i])
                 req.input_top_logprobs.extend(out.input_top_logprobs[i])
-            if req.extend_len > 0 and not batch.samples[i]:  # unfinished chunk: cache what is done
-                self._cache_unfinished(req)
-                continue
-            if req.params.max_new_tokens == 0:
-                self._finish(req, FinishReason("length", matched=None))
+            if not batch.samples[i]:
+                if req.params.max_new_tokens == 0 and req.done_kv_len == len(req.input_ids):
+                    self._finish(req, FinishReason("length", matched=None))
+                elif req.done_kv_len < req.seq_len:  # unfinished chunk: cache what is done
+                    self._cache_unfinished(req)
                 continue
             token = out.next_token_ids[i]
             req.output_ids.append(token)
@@ -285,13 +318,13 @@ class Scheduler:
         self.metrics.prompt_tokens += batch.prefill_tokens
 
     def _cache_unfinished(self, req: Req) -> None:
-        slots = req.kv_slots(self.req_pool.req_to_token)
-        new_slots, node = self.tree.cache_unfinished_req(req.radix_key(req.kv_len), slots, req.last_node,
-                                                         req.locked_len)
-        self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = new_slots
+        done = req.done_kv_len  # a later chunk may be in flight: insert only computed KV
+        slots = self.req_pool.req_to_token[req.pool_idx, :done].clone()
+        new_slots, node = self.tree.cache_unfinished_req(req.radix_key(done), slots, req.last_node, req.locked_len)
+        self.req_pool.req_to_token[req.pool_idx, :done] = new_slots
         if not self.tree.disable:
             req.last_node = node
-            req.locked_len = req.kv_len // self.config.page_size * self.config.page_size
+            req.locked_len = done // self.config.page_size * self.config.page_size
 
     def _check_finish(self, req: Req, token: int) -> None:
         p = req.params
@@ -327,11 +360,10 @@ class Scheduler:
 
     def _finish(self, req: Req, reason: FinishReason, delta: str = "") -> None:
         req.finished = reason
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
+        if req in self.waiting:
             self.waiting.remove(req)
-        self._release(req)
+        if req.inflight == 0:  # else released once its last in-flight batch is processed
+            self._release(req)
         self.metrics.on_finish()
         if req.stream:
             delta += req.detok.flush()

@@ -1,10 +1,18 @@
-"""ModelWorker: model forward + sampling for one ScheduledBatch.
+"""ModelWorker: model forward + sampling for ScheduledBatches, on its own thread.
 
 The worker turns the scheduler's batch into logits (ModelRunner), prompt logprobs where asked,
 and sampled tokens (Sampler: grammar bitmask, penalties, temperature, top-k/p, min-p, seeds).
+Batches run in submission order. A decode input may be a placeholder `-(i + 1)`: the i-th token
+sampled by the previous batch, resolved here (future token ids of the overlap schedule). Sampling
+waits for the batch's `ready` event, which the scheduler sets once it has processed the earlier
+results, so penalties, RNG steps and grammar bitmasks are up to date.
 """
 
 from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
 
 import torch
 
@@ -27,19 +35,45 @@ class ModelWorker:
         self.runner = runner
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(config.sampling_backend, runner.device)
+        self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
+        self._queue: queue.Queue[tuple[ScheduledBatch, Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="radixgen-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: ScheduledBatch) -> Future[StepOutput]:
+        """Queue a batch; the Future resolves to its StepOutput."""
+        fut: Future[StepOutput] = Future()
+        self._queue.put((batch, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            batch, fut = item
+            try:
+                fut.set_result(self.run(batch))
+            except Exception as e:  # surfaces on the scheduler thread
+                fut.set_exception(e)
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
-        logits = self.runner.forward(batch.forward)  # [L, V] float32
+        fb = batch.forward
+        placeholders = fb.input_ids < 0  # [T]
+        if self._last_ids is not None and bool(placeholders.any()):
+            prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
+            fb.input_ids = torch.where(placeholders, prev, fb.input_ids)
+        logits = self.runner.forward(fb)  # [L, V] float32
         out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
         self._prompt_logprobs(batch, logits, out)
+        batch.ready.wait()
         idx = [i for i, s in enumerate(batch.samples) if s]
         if not idx:
+            self._last_ids = None
             return out
         reqs = [batch.reqs[i] for i in idx]
         rows = logits[[batch.sample_rows[i] for i in idx]]  # [S, V]
         sb = SamplingBatch.build([r.params for r in reqs], [r.output_ids for r in reqs], [r.seed for r in reqs],
                                  self.runner.vocab_size, self.eos_token_ids, self.runner.device)
         res = self.sampler(rows, sb, self._grammar_bitmask(reqs))
+        self._last_ids = res.next_token_ids
         tokens = res.next_token_ids.tolist()
         lps = res.logprobs.tolist() if res.logprobs is not None else [None] * len(idx)
         tops = (_top_list(res.top_logprob_values, res.top_logprob_ids)
@@ -81,4 +115,5 @@ class ModelWorker:
                 out.input_top_logprobs[i].extend([None] * len(vals))
 
     def shutdown(self) -> None:
-        pass
+        self._queue.put(None)
+        self._thread.join(timeout=30)

@@ -21,7 +21,8 @@ SCHEMAS = [
      "required": ["value"]},
     {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
                       "required": ["x", "y"]}},
-     "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}}, "required": ["a", "b"]},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}},
+     "required": ["a", "b"]},
     {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["zip"]},
     {"type": "object", "properties": {"user": {"type": "object", "properties": {
         "id": {"type": "integer", "minimum": 1, "maximum": 999}, "active": {"type": "boolean"}},

@@ -1,17 +1,8 @@
-"""One real Engine (default SmolLM2-135M-Instruct) shared by the program tests of this package."""
+"""The language backend over the session's shared real Engine (tests/conftest.py `engine`)."""
 
 from __future__ import annotations
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def engine():
-    from radixgen.runtime.engine import Engine
-
-    eng = Engine()
-    yield eng
-    eng.shutdown()
 
 
 @pytest.fixture(scope="session")

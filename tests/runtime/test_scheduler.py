@@ -151,3 +151,21 @@ def test_metrics(engine):
                 "generation_throughput"):
         assert key in s
     assert s["generated_tokens"] >= 9 and s["ttft"].n >= 3 and s["itl"].n >= 6
+
+
+def test_overlap_on_and_off_identical(engine):
+    prompts = mixed_prompts(12)
+    params = [dict(GREEDY, max_new_tokens=6 + i % 7, ignore_eos=False) for i in range(12)]
+    params[3] = {"temperature": 0.8, "seed": 5, "max_new_tokens": 10, "frequency_penalty": 0.5}
+    params[5] = dict(GREEDY, max_new_tokens=30, stop=[" the", "."])
+    params[7] = {"temperature": 0, "max_new_tokens": 12, "regex": "[0-9]{2}-[a-z]{3,6}"}
+    engine.flush_cache()
+    on = engine.generate(prompts, params)
+    off_engine = Engine(disable_overlap=True)
+    try:
+        off = off_engine.generate(prompts, params)
+    finally:
+        off_engine.shutdown()
+    assert [r["output_ids"] for r in on] == [r["output_ids"] for r in off]
+    assert [r["text"] for r in on] == [r["text"] for r in off]
+    assert engine.flush_cache() and engine.get_stats()["kv_used"] == 0

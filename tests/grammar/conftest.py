@@ -1,0 +1,32 @@
+"""Grammar-test fixtures: the SmolLM2 tokenizer and the two backends, built once per session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def xgr_backend(tok):
+    from radixgen.grammar.xgrammar_backend import XGrammarBackend
+
+    return XGrammarBackend(tok)
+
+
+@pytest.fixture(scope="session")
+def outlines_backend(tok):
+    from radixgen.grammar.outlines_backend import OutlinesBackend
+
+    return OutlinesBackend(tok)
+
+
+@pytest.fixture(scope="session", params=["xgrammar", "outlines"])
+def backend(request, xgr_backend, outlines_backend):
+    """Each backend in turn (for behaviour both must share)."""
+    return xgr_backend if request.param == "xgrammar" else outlines_backend
