@@ -33,6 +33,8 @@ class SchedulerMetrics:
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
     retractions: int = 0
+    forward_steps: int = 0
+    jump_forward_tokens: int = 0
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
 
@@ -59,6 +61,8 @@ class SchedulerMetrics:
             cached_prompt_tokens=self.cached_prompt_tokens,
             generated_tokens=self.generated_tokens,
             retractions=self.retractions,
+            forward_steps=self.forward_steps,
+            jump_forward_tokens=self.jump_forward_tokens,
             cache_hit_rate=self.cached_prompt_tokens / seen if seen else 0.0,
             prompt_throughput=self.prompt_tokens / elapsed,
             generation_throughput=self.generated_tokens / elapsed,

@@ -55,6 +55,8 @@ class Req:
     inflight: int = 0
     pending: int = 0
     pending_ref: int = -1
+    skip_results: int = 0  # in-flight results to discard (their inputs were replaced by a jump-forward)
+    kv_truncate: int | None = None  # KV length to cut back to once nothing is in flight
     locked_len: int = 0
     last_node: TreeNode | None = None
     prefix_slots: torch.Tensor | None = None  # KV slots matched in the tree at admission

@@ -27,6 +27,7 @@ import torch
 from radixgen.radix_cache.radix_tree import RadixCache
 from radixgen.runtime.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.jump_forward import plan_jump
 from radixgen.runtime.metrics import SchedulerMetrics
 from radixgen.runtime.model_runner import ModelRunner
 from radixgen.runtime.request import FinishReason, Req
@@ -62,6 +63,7 @@ class Scheduler:
         self.running: list[Req] = []
         self.metrics = SchedulerMetrics()
         self.context_length = runner.context_length
+        self.jump_forward = not config.disable_jump_forward
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="radixgen-scheduler", daemon=True)
         self._thread.start()
@@ -192,7 +194,7 @@ class Scheduler:
         """
         for req in [r for r in self.waiting + self.running if r.to_abort and not r.finished]:
             self._finish(req, FinishReason("abort", message=req.to_abort))
-        active = [r for r in self.running if r.finished is None]
+        active = [r for r in self.running if r.finished is None and not r.skip_results]
         decodes = [r for r in active if r.is_decoding and r.wants_more]
         if self._available() < len(decodes):
             if not can_retract:
@@ -292,6 +294,11 @@ class Scheduler:
                 if req.inflight == 0:
                     self._release(req)
                 continue
+            if req.skip_results:  # its inputs were replaced by a jump-forward
+                req.skip_results -= 1
+                if req.inflight == 0:
+                    self._truncate_kv(req)
+                continue
             if req.return_logprob:
                 req.input_logprobs.extend(out.input_logprobs[i])
                 req.input_top_logprobs.extend(out.input_top_logprobs[i])
@@ -316,6 +323,7 @@ class Scheduler:
                     req.output_top_logprobs.append(out.top_logprobs[i])
             self._check_finish(req, token)
         self.metrics.prompt_tokens += batch.prefill_tokens
+        self.metrics.forward_steps += 1
 
     def _cache_unfinished(self, req: Req) -> None:
         done = req.done_kv_len  # a later chunk may be in flight: insert only computed KV
@@ -347,10 +355,35 @@ class Scheduler:
             finish = FinishReason("length", matched=None)
         if finish is None and req.seq_len >= self.context_length:
             finish = FinishReason("length", matched=None)
+        if finish is None and req.grammar is not None and self.jump_forward and not req.return_logprob:
+            delta += self._jump(req)
         if finish is not None:
             self._finish(req, finish, delta)
         elif req.stream and delta:
             req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
+
+    def _jump(self, req: Req) -> str:
+        """Append the continuation the request's grammar forces; returns the text to emit."""
+        jump = plan_jump(req)
+        if jump is None:
+            return ""
+        drop = len(req.output_ids) - jump.keep
+        req.output_ids[jump.keep :] = jump.new_tail
+        self.metrics.jump_forward_tokens += len(jump.new_tail) - drop
+        stale_from = len(req.input_ids) + jump.keep  # KV at and after this position was for old tokens
+        req.kv_truncate = min(req.kv_len, stale_from)
+        req.skip_results = req.inflight
+        if req.inflight == 0:
+            self._truncate_kv(req)
+        return req.detok.replace_tail(drop, jump.new_tail, jump.text)
+
+    def _truncate_kv(self, req: Req) -> None:
+        """Drop KV computed for tokens a jump-forward replaced (nothing of the request is in flight)."""
+        target = req.kv_truncate
+        if target is not None and target < req.kv_len:
+            self.kv_pool.free(self.req_pool.req_to_token[req.pool_idx, target : req.kv_len].clone())
+            req.kv_len = req.done_kv_len = target
+        req.kv_truncate = None
 
     @staticmethod
     def _new_ids(req: Req) -> list[int]:

@@ -115,6 +115,22 @@ class IncrementalDetokenizer:
                 self._check_stop(start)
         return self._take()
 
+    def replace_tail(self, drop: int, new_ids: list[int], text: str) -> str:
+        """Jump-forward: the last `drop` ids become `new_ids`, whose text adds `text` to the output.
+
+        Returns the text now safe to emit (as `add` does).
+        """
+        if self.stopped:
+            return ""
+        self.ids = self.ids[: len(self.ids) - drop] + list(new_ids)
+        self._prefix_offset = max(0, len(self.ids) - DETOK_CONTEXT)
+        self._read_offset = len(self.ids)
+        start = len(self.text)
+        self.text += text
+        if self.stop:
+            self._check_stop(start)
+        return self._take()
+
     def _check_stop(self, start: int) -> None:
         lo = max(0, start - self._max_stop + 1)
         best = None

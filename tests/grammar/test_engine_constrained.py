@@ -85,3 +85,40 @@ def test_streaming_constrained(engine):
     full = engine.generate(CHAT.format("A date?"), params)["text"]
     chunks = engine.generate(CHAT.format("A date?"), params, stream=True)
     assert "".join(c["text"] for c in chunks) == full
+
+
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_full_name": {"type": "string", "maxLength": 20},
+        "customer_account_identifier": {"type": "integer", "minimum": 0, "maximum": 99999},
+        "customer_is_currently_active": {"type": "boolean"},
+        "customer_preferred_contact_method": {"enum": ["email", "phone"]},
+    },
+    "required": ["customer_full_name", "customer_account_identifier", "customer_is_currently_active",
+                 "customer_preferred_contact_method"],
+}
+
+
+@pytest.mark.parametrize("disable_overlap", [False, True])
+def test_jump_forward_fewer_steps_and_valid(disable_overlap):
+    from radixgen.runtime.engine import Engine
+
+    prompt = CHAT.format("Make up a customer record as JSON.")
+    params = [{"json_schema": json.dumps(LONG_KEYS), "max_new_tokens": 120, "temperature": 0.7, "seed": i}
+              for i in range(4)]
+    steps = {}
+    for jump_off in (False, True):
+        eng = Engine(disable_jump_forward=jump_off, disable_overlap=disable_overlap)
+        try:
+            before = eng.get_stats()["forward_steps"]
+            outs = eng.generate([prompt] * 4, params)
+            steps[jump_off] = eng.get_stats()["forward_steps"] - before
+            for out in outs:
+                jsonschema.validate(json.loads(out["text"]), LONG_KEYS)
+                assert out["text"] == eng.tokenizer.decode(out["output_ids"])
+            assert (eng.get_stats()["jump_forward_tokens"] > 0) == (not jump_off)
+            assert eng.flush_cache() and eng.get_stats()["kv_used"] == 0
+        finally:
+            eng.shutdown()
+    assert steps[False] * 1.3 <= steps[True]
