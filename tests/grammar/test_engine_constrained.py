@@ -30,6 +30,32 @@ SCHEMAS = [
     {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 4},
 ]
 
+
+def _more_schemas() -> list[dict]:
+    """22 more shapes: scalar fields of every type, bounded arrays, nesting, enums, optional keys."""
+    scalars = [
+        {"type": "string", "maxLength": 12}, {"type": "integer", "minimum": -50, "maximum": 50},
+        {"type": "number"}, {"type": "boolean"}, {"enum": ["low", "mid", "high"]}, {"const": "fixed"},
+        {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}, {"type": "null"},
+        {"anyOf": [{"type": "string", "maxLength": 6}, {"type": "null"}]},
+        {"type": "integer", "exclusiveMinimum": 0, "maximum": 9},
+    ]
+    out = []
+    for i, sc in enumerate(scalars):
+        out.append({"type": "object", "properties": {"field": sc}, "required": ["field"]})
+        out.append({"type": "object", "properties": {"items": {"type": "array", "items": sc, "minItems": 1,
+                                                               "maxItems": 2 + i % 3}}, "required": ["items"]})
+    out.append({"type": "object", "properties": {"a": {"type": "string", "maxLength": 8}, "b": {"type": "integer"}},
+                "required": ["a"]})
+    out.append({"type": "object", "properties": {"outer": {"type": "object", "properties": {"inner": {
+        "type": "object", "properties": {"leaf": {"type": "boolean"}}, "required": ["leaf"]}}, "required": ["inner"]}},
+        "required": ["outer"]})
+    return out
+
+
+SCHEMAS += _more_schemas()
+assert len(SCHEMAS) == 30
+
 REGEXES = {
     "email": r"[a-z]{2,10}@[a-z]{2,10}\.(com|org|net)",
     "date": r"(19|20)[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])",
