@@ -201,14 +201,14 @@ class Scheduler:
                 return None
             while decodes and self._available() < len(decodes):
                 decodes.remove(self._retract(decodes))
-        chunks: dict[str, int] = {r.rid: 1 for r in decodes}
+        chunks: dict[int, int] = {id(r): 1 for r in decodes}  # by object: rids come from users
         need, budget = len(decodes), self.config.chunked_prefill_size
         # unfinished chunked prefills first, then new requests
         for req in [r for r in active if not r.is_decoding]:
             n = min(req.extend_len, budget)
             if n <= 0 or need + n > self._available():
                 continue
-            chunks[req.rid], budget, need = n, budget - n, need + n
+            chunks[id(req)], budget, need = n, budget - n, need + n
         for req in self._ordered_waiting():
             if budget <= 0 or self.req_pool.available_size() == 0:
                 break
@@ -224,11 +224,11 @@ class Scheduler:
             self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = req.prefix_slots
             self.waiting.remove(req)
             self.running.append(req)
-            chunks[req.rid], budget, need = n, budget - n, need + n
-        reqs = [r for r in self.running if r.rid in chunks]
+            chunks[id(req)], budget, need = n, budget - n, need + n
+        reqs = [r for r in self.running if id(r) in chunks]
         if not reqs:
             return None
-        lens = [chunks[r.rid] for r in reqs]
+        lens = [chunks[id(r)] for r in reqs]
         loc = self._alloc(sum(lens))
         if loc is None:  # a lone request larger than the whole pool
             self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
