@@ -35,6 +35,8 @@ from radixgen.runtime.worker import ModelWorker
 
 LPM_FALLBACK_QUEUE_LEN = 128  # past this many waiting requests lpm's matching costs more than it saves
 DECODE_RESERVE_TOKENS = 8  # KV kept free per running request when admitting new prefills
+IN_BATCH_SHARED_TOKENS = 32  # a waiting request sharing this many uncached tokens with one admitted
+# in the same step waits a step, so it reuses that prefix from the tree instead of computing it again
 
 
 @dataclass
@@ -209,12 +211,19 @@ class Scheduler:
             if n <= 0 or need + n > self._available():
                 continue
             chunks[id(req)], budget, need = n, budget - n, need + n
+        admitted = self._prompts_in_progress(active) if self.waiting else None
         for req in self._ordered_waiting():
             if budget <= 0 or self.req_pool.available_size() == 0:
                 break
             if len(self.running) >= self.config.max_running_requests:
                 break
             self._match(req)
+            if admitted is not None:
+                key = req.radix_key(req.prefix_cap())
+                if admitted.match_prefix(key).prefix_len - req.kv_len >= IN_BATCH_SHARED_TOKENS:
+                    self._unlock(req)
+                    continue
+                admitted.insert(key, torch.zeros(len(key.token_ids), dtype=torch.int64))
             n = min(req.extend_len, budget)
             reserve = DECODE_RESERVE_TOKENS * len(self.running)
             if need + n > self._available() - reserve and self.running:
@@ -234,6 +243,17 @@ class Scheduler:
             self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
             return None
         return ScheduledBatch.build(reqs, lens, loc, self.req_pool.req_to_token)
+
+    def _prompts_in_progress(self, active: list[Req]) -> RadixCache | None:
+        """Prompts being computed but not yet in the tree (in-batch prefix check), or None if disabled."""
+        if self.tree.disable:
+            return None
+        prompts = RadixCache(None)
+        for r in active:
+            if r.locked_len < len(r.input_ids) - 1:
+                key = r.radix_key(len(r.input_ids))
+                prompts.insert(key, torch.zeros(len(key.token_ids), dtype=torch.int64))
+        return prompts
 
     def _ordered_waiting(self) -> list[Req]:
         if self.config.schedule_policy == "fcfs" or len(self.waiting) > LPM_FALLBACK_QUEUE_LEN:
@@ -308,6 +328,8 @@ class Scheduler:
                 elif req.done_kv_len < req.seq_len:  # unfinished chunk: cache what is done
                     self._cache_unfinished(req)
                 continue
+            if batch.extend_lens[i] > 1 and not self.tree.disable:
+                self._cache_unfinished(req)  # the prompt is computed: later requests may share it now
             token = out.next_token_ids[i]
             req.output_ids.append(token)
             self.metrics.generated_tokens += 1
