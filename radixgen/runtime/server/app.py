@@ -65,6 +65,7 @@ class ServerState:
         self.draining = False
         self._pieces: dict[int, tuple[str, list[int]]] = {}
         self._byte_decoder: dict[str, int] | None = None
+        self._special: set[int] = set()
         self._template_uses_tools: bool | None = None
 
     # ---- checks
@@ -133,8 +134,8 @@ class ServerState:
         tok = hf.convert_ids_to_tokens(tid) if hf is not None else None
         if self._byte_decoder is None:
             self._byte_decoder = _gpt2_byte_decoder()
-        if isinstance(tok, str) and tok and all(c in self._byte_decoder for c in tok) \
-                and tid not in set(getattr(hf, "all_special_ids", ())):
+            self._special = set(getattr(hf, "all_special_ids", ()) or ())
+        if isinstance(tok, str) and tok and tid not in self._special and all(c in self._byte_decoder for c in tok):
             raw = bytes(self._byte_decoder[c] for c in tok)
             text = raw.decode("utf-8", errors="replace")
         else:

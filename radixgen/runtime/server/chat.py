@@ -110,7 +110,7 @@ def constraint(req: ChatCompletionRequest, sp: dict, mode: str, names: list[str]
     wanted: list[tuple[str, Any]] = []  # (param, json schema)
     schema = tool_schema(req, mode, names)
     if schema is not None:
-        wanted.append(("tool_choice", schema))
+        wanted.append(("tools", schema))
     rf = req.response_format
     if rf is not None and rf.type != "text":
         if rf.type == "json_object" or rf.json_schema is None or rf.json_schema.schema_ is None:
@@ -124,7 +124,10 @@ def constraint(req: ChatCompletionRequest, sp: dict, mode: str, names: list[str]
     if not wanted:
         return {k: sp[k] for k in extension}, (extension[0] if extension else None)
     param, value = wanted[0]
-    strict = bool(param == "response_format" and rf is not None and rf.json_schema and rf.json_schema.strict)
+    if param == "tools":
+        strict = any(t.function.strict for t in req.tools or [] if t.function.name in names)
+    else:
+        strict = bool(rf is not None and rf.json_schema and rf.json_schema.strict)
     return checked_constraint(param, "json_schema", value, strict=strict), param
 
 

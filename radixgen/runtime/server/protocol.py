@@ -53,7 +53,7 @@ def error_from_value_error(e: ValueError, constraint_param: str | None = None) -
     parameter for grammar errors, else the first known parameter name in the message."""
     msg = str(e)
     if "context length" in msg or "more than the KV pool" in msg:
-        return bad_request(msg, "messages", "context_length_exceeded")
+        return bad_request(msg, None, "context_length_exceeded")
     if type(e).__name__ == "GrammarError":
         return bad_request(msg, constraint_param, "invalid_schema" if "schema" in msg.lower() else "invalid_constraint")
     first = msg.split(" ", 1)[0].strip("'\"`:,").split("[", 1)[0]
