@@ -296,6 +296,7 @@ class Scheduler:
             if req.last_node is not None:
                 self._unlock(req)
             return
+        self._truncate_kv(req)  # KV of tokens a jump-forward replaced must not reach the tree
         slots = req.kv_slots(self.req_pool.req_to_token)  # all computed: nothing is in flight
         self.tree.cache_finished_req(req.radix_key(req.kv_len), slots, req.last_node, req.locked_len)
         self.req_pool.free(req.pool_idx)
@@ -379,6 +380,8 @@ class Scheduler:
             finish = FinishReason("length", matched=None)
         if finish is None and req.grammar is not None and self.jump_forward and not req.return_logprob:
             delta += self._jump(req)
+            if len(req.output_ids) >= p.max_new_tokens:
+                finish = FinishReason("length", matched=None)
         if finish is not None:
             self._finish(req, finish, delta)
         elif req.stream and delta:

@@ -148,3 +148,12 @@ def test_jump_forward_fewer_steps_and_valid(disable_overlap):
         finally:
             eng.shutdown()
     assert steps[False] * 1.3 <= steps[True]
+
+
+@pytest.mark.parametrize("budget", [2, 3, 4, 5])
+def test_jump_forward_reaching_max_new_tokens_finishes(engine, budget):
+    # at budget 3 the forced " + " after "1" fills max_new_tokens exactly: the request must still end
+    out = engine.generate(CHAT.format("Write a sum of three small numbers."),
+                          {"regex": r"[1-9][0-9]?( \+ [1-9][0-9]?)*", "max_new_tokens": budget, "temperature": 0})
+    assert out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+    assert len(out["output_ids"]) <= budget
