@@ -48,20 +48,12 @@ from radixgen.grammar.base import (
     set_token_bit,
 )
 from radixgen.grammar.jump_forward import CharState, RegexJumpForward
+from radixgen.runtime.tokenizer import gpt2_byte_decoder
 
 SENTINEL = "\U0010ffff"
 FLEXIBLE_WHITESPACE = r"[ \t\n\r]*"
 
 
-def gpt2_byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes-to-unicode table: printable stand-in character -> byte value."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, shifted = {chr(b): b for b in keep}, 0
-    for b in range(256):
-        if b not in keep:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
 
 
 def token_bytes_table(hf_tokenizer: Any, vocab_size: int) -> list[bytes | None]:

@@ -48,6 +48,7 @@ from radixgen.runtime.server.protocol import (
     bad_request,
     error_from_value_error,
 )
+from radixgen.runtime.tokenizer import gpt2_byte_decoder
 
 logger = logging.getLogger("radixgen.server")
 T = TypeVar("T")
@@ -133,7 +134,7 @@ class ServerState:
         hf = getattr(self.tokenizer, "hf", None)
         tok = hf.convert_ids_to_tokens(tid) if hf is not None else None
         if self._byte_decoder is None:
-            self._byte_decoder = _gpt2_byte_decoder()
+            self._byte_decoder = gpt2_byte_decoder()
             self._special = set(getattr(hf, "all_special_ids", ()) or ())
         if isinstance(tok, str) and tok and tid not in self._special and all(c in self._byte_decoder for c in tok):
             raw = bytes(self._byte_decoder[c] for c in tok)
@@ -160,15 +161,6 @@ class ServerState:
         return self._template_uses_tools
 
 
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes-to-unicode table (byte-level BPE vocabularies spell bytes this way)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, shifted = {chr(b): b for b in keep}, 0
-    for b in range(256):
-        if b not in keep:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
 
 
 # ---------------------------------------------------------------------------------------------- helpers
