@@ -140,9 +140,17 @@ class Engine:
                 seqs.append((ids, replace(p, n=1, seed=seed)))
         return seqs, single and len(seqs) == 1
 
-    def _check_open(self) -> None:
+    def _prepare(self, prompt: Prompt, sampling_params: Any, input_ids: Ids, stream: bool, return_logprob: bool,
+                 logprob_start_len: int, top_logprobs_num: int, extra_key: str | None) -> tuple[list, bool, dict]:
+        """Checks and expansion shared by generate and async_generate: (seqs, single, request options)."""
         if self._closed:
             raise RuntimeError("this Engine has been shut down")
+        seqs, single = self._expand(prompt, sampling_params, input_ids)
+        if stream and len(seqs) != 1:
+            raise ValueError("stream=True takes a single prompt with n=1")
+        opts = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                    top_logprobs_num=top_logprobs_num, extra_key=extra_key)
+        return seqs, single, opts
 
     # ------------------------------------------------------------------ sync API
 
@@ -163,13 +171,9 @@ class Engine:
         With `n > 1` a prompt gives n results (its KV is computed once and shared). `stream=True`
         (single prompt) returns an iterator of chunks whose "text" is the new text.
         """
-        self._check_open()
-        seqs, single = self._expand(prompt, sampling_params, input_ids)
-        opts = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num, extra_key=extra_key)
+        seqs, single, opts = self._prepare(prompt, sampling_params, input_ids, stream, return_logprob,
+                                           logprob_start_len, top_logprobs_num, extra_key)
         if stream:
-            if len(seqs) != 1:
-                raise ValueError("stream=True takes a single prompt with n=1")
             return self._stream(seqs[0], rid=rid, **opts)
         futures = [self._constraint(p) for _, p in seqs]
         channels = []
@@ -225,14 +229,10 @@ class Engine:
         rid: str | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """asyncio twin of `generate`; with stream=True returns an async iterator of chunks."""
-        self._check_open()
-        seqs, single = self._expand(prompt, sampling_params, input_ids)
-        opts = dict(return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num, extra_key=extra_key)
+        seqs, single, opts = self._prepare(prompt, sampling_params, input_ids, stream, return_logprob,
+                                           logprob_start_len, top_logprobs_num, extra_key)
         loop = asyncio.get_running_loop()
         if stream:
-            if len(seqs) != 1:
-                raise ValueError("stream=True takes a single prompt with n=1")
             return self._astream(seqs[0], loop, rid=rid, **opts)
         compiles = [self._constraint(p) for _, p in seqs]
         futures = []
