@@ -14,5 +14,5 @@ def backend(engine):
 
 @pytest.fixture
 def needs_constraints(backend):
-    if not backend.supports_constraints():
-        pytest.skip("needs grammar constraints in the engine (a regex-constrained probe came back unconstrained)")
+    # the engine enforces constraints: a probe that comes back unconstrained is a regression, not a skip
+    assert backend.supports_constraints(), "a regex-constrained probe came back unconstrained"

@@ -1,5 +1,6 @@
-"""The OpenAI backend's requests and response handling, against a canned OpenAI-compatible HTTP server
-(an httpx MockTransport standing in for the remote; a live test needs `radixgen serve`)."""
+"""The OpenAI backend's request shapes and its fallbacks for remotes that lack features (e.g. no prompt
+logprobs), against a canned third-party OpenAI-compatible server (an httpx MockTransport). The same
+backend runs against our real server in tests/e2e/test_openai_lang_backend.py."""
 
 from __future__ import annotations
 
