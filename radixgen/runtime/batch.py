@@ -49,8 +49,7 @@ class ScheduledBatch:
         for req, n in zip(reqs, lens, strict=True):
             req_to_token[req.pool_idx, req.kv_len : req.kv_len + n] = loc[start : start + n]
             start += n
-            fill = req.fill_ids
-            tokens = fill[req.kv_len : req.kv_len + n]
+            tokens = req.token_slice(req.kv_len, req.kv_len + n)
             if len(tokens) < n:  # the input is the token the batch in flight samples: a placeholder
                 tokens.append(-(req.pending_ref + 1))
             new_tokens.append(tokens)

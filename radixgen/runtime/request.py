@@ -79,6 +79,12 @@ class Req:
         """Every token of the sequence so far (the last output token has no KV yet)."""
         return self.input_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """fill_ids[start:end] without building the whole sequence (a decode step reads one token)."""
+        n_in = len(self.input_ids)
+        head = self.input_ids[start:min(end, n_in)] if start < n_in else []
+        return head + self.output_ids[max(start - n_in, 0) : max(end - n_in, 0)]
+
     @property
     def seq_len(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
