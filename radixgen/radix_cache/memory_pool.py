@@ -1,6 +1,6 @@
 """KV memory pools.
 
-`ReqToTokenPool` maps a request slot to the KV slot of each of its tokens (one int32 row per
+`ReqToTokenPool` maps a request slot to the KV slot of each of its tokens (one int64 row per
 request); `TokenToKVPool` holds per-layer K/V tensors indexed by KV slot, plus a free list of
 slots. Slot 0 of the KV pool is reserved as a padding target and never handed out, so the pool's
 capacity is `size` usable slots (1..size). The allocator works without any tensors so the radix
@@ -9,7 +9,11 @@ tree can be tested with a fake pool (`TokenAllocator` alone).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from radixgen.runtime.transfer import to_device
 
 
 class TokenAllocator:
@@ -81,13 +85,31 @@ class TokenToKVPool:
         self.v_buffer[layer][loc] = v
 
 
+@dataclass
+class TableUpdate:
+    """Writes to the device copy of req_to_token: `table.view(-1)[flat_index] = values`."""
+
+    flat_index: torch.Tensor  # [W] int64 (host)
+    values: torch.Tensor  # [W] int64 KV slots (host)
+
+
 class ReqToTokenPool:
-    """Request slot -> KV slots of its tokens: `req_to_token[slot, i]` is token i's KV slot."""
+    """Request slot -> KV slots of its tokens: `req_to_token[slot, i]` is token i's KV slot.
+
+    The scheduler reads and writes the host table `req_to_token` (no device sync); the model reads
+    `device_table`, a copy on the model's device. `write` updates the host table and queues the same
+    write; `take_updates` hands the queued writes to the next step, which applies them on the device
+    (`apply`) in stream order before its forward, so a batch in flight never sees a later batch's
+    writes. The copy is kept on CPU too, so CPU runs exercise the same path as GPU ones.
+    """
 
     def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu") -> None:
         self.size = size
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64)  # host
+        self.device_table = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
+        self._pending_index: list[torch.Tensor] = []
+        self._pending_values: list[torch.Tensor] = []
         self._free = list(range(size))
 
     def available_size(self) -> int:
@@ -101,3 +123,31 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self._free = list(range(self.size))
+
+    def write(self, slot: int, start: int, values: torch.Tensor) -> None:
+        """Set `req_to_token[slot, start : start + len(values)]` and queue it for the device copy."""
+        n = int(values.numel())
+        if n == 0:
+            return
+        values = values.to(torch.int64).reshape(-1)
+        self.req_to_token[slot, start : start + n] = values
+        first = slot * self.max_context_len + start
+        self._pending_index.append(torch.arange(first, first + n, dtype=torch.int64))
+        self._pending_values.append(values.clone())
+
+    def take_updates(self) -> TableUpdate | None:
+        """The writes queued since the last call (None if there were none)."""
+        if not self._pending_index:
+            return None
+        update = TableUpdate(torch.cat(self._pending_index), torch.cat(self._pending_values))
+        self._pending_index, self._pending_values = [], []
+        return update
+
+    def apply(self, update: TableUpdate | None) -> None:
+        """Apply queued writes to `device_table` (one scatter; call on the thread running the model)."""
+        if update is None:
+            return
+        device = self.device_table.device
+        self.device_table.view(-1).index_copy_(
+            0, to_device(update.flat_index, device), to_device(update.values, device)
+        )

@@ -1,19 +1,25 @@
-"""Attention over the token KV pool (torch path for CPU).
+"""Attention over the token KV pool: the torch path (CPU) and backend selection.
 
 Each request's new queries attend causally to its cached prefix plus its own new tokens. The torch
 path gathers every request's K/V through its `req_to_token` row into a padded [B, S, ...] tensor once
 per layer and runs one batched scaled_dot_product_attention with a mask built once per step (no
-Python loop over requests inside the layer loop). Triton kernels for the GPU live with the GPU issue.
+Python loop over requests inside the layer loop). The Triton kernels for GPUs (which read K/V
+through req_to_token without a gather copy) are in `triton_attention.py`; `get_attention_backend`
+picks one of the two.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.transfer import to_device
 
 
 @dataclass
@@ -31,10 +37,10 @@ class AttentionMetadata:
     @classmethod
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
         device = req_to_token.device
-        prefix = torch.tensor(fb.prefix_lens, dtype=torch.int64, device=device)  # [B]
-        extend = torch.tensor(fb.extend_lens, dtype=torch.int64, device=device)  # [B]
+        lens = to_device(torch.tensor([fb.prefix_lens, fb.extend_lens], dtype=torch.int64), device)  # [2, B]
+        prefix, extend = lens[0], lens[1]  # [B] each
         seq = prefix + extend
-        b, s_max, e_max = fb.batch_size, int(seq.max()), int(extend.max())
+        b, s_max, e_max = fb.batch_size, max(fb.seq_lens), max(fb.extend_lens)
         key_pos = torch.arange(s_max, device=device)  # [S]
         rows = req_to_token[fb.req_pool_indices, :s_max]  # [B, S]
         kv_index = torch.where(key_pos[None, :] < seq[:, None], rows, torch.zeros_like(rows))
@@ -79,3 +85,29 @@ def attention(
     if meta.q_unpad_mask is not None:
         out = out[meta.q_unpad_mask]  # [T, H, D]
     return out.reshape(t, h * d)
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """An attention implementation: `build` makes per-step metadata (once per forward), `forward`
+    runs one layer: (q [T, H, D], k_buffer, v_buffer [N, Hkv, D], metadata, scale) -> [T, H * D]."""
+
+    name: str
+    build: Callable[[ForwardBatch, torch.Tensor], Any]
+    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float], torch.Tensor]
+
+
+def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
+    """`auto` -> Triton kernels on CUDA, torch on CPU. Triton on CPU needs TRITON_INTERPRET=1."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return AttentionBackend("torch", AttentionMetadata.build, attention)
+    if name != "triton":
+        raise ValueError(f"attention_backend={name!r} is invalid: must be auto, torch or triton")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU, "
+                         "for tests); use 'torch' on CPU")
+    from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention  # lazy: triton
+
+    return AttentionBackend("triton", TritonAttentionMetadata.build, triton_attention)

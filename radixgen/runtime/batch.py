@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixgen.radix_cache.memory_pool import ReqToTokenPool
 from radixgen.runtime.forward_batch import ForwardBatch, make_forward_batch
 from radixgen.runtime.request import Req
 
@@ -37,8 +38,10 @@ class ScheduledBatch:
 
     @classmethod
     def build(
-        cls, reqs: list[Req], lens: list[int], loc: torch.Tensor, req_to_token: torch.Tensor
+        cls, reqs: list[Req], lens: list[int], loc: torch.Tensor, req_pool: ReqToTokenPool
     ) -> ScheduledBatch:
+        """Lay out the step: write each chunk's KV slots `loc` into its req_to_token row, collect
+        the new tokens (placeholders for tokens still being sampled) and the logits rows wanted."""
         new_tokens: list[list[int]] = []
         rows_per_req: list[list[int]] = []  # offsets within each request's chunk whose logits we need
         samples: list[bool] = []
@@ -47,7 +50,7 @@ class ScheduledBatch:
         start = 0
         prefill = sum(n for req, n in zip(reqs, lens, strict=True) if not req.is_decoding)
         for req, n in zip(reqs, lens, strict=True):
-            req_to_token[req.pool_idx, req.kv_len : req.kv_len + n] = loc[start : start + n]
+            req_pool.write(req.pool_idx, req.kv_len, loc[start : start + n])
             start += n
             tokens = req.token_slice(req.kv_len, req.kv_len + n)
             if len(tokens) < n:  # the input is the token the batch in flight samples: a placeholder
@@ -68,7 +71,8 @@ class ScheduledBatch:
             input_targets.append(targets)
             samples.append(does_sample)
         fb = make_forward_batch(new_tokens, [r.kv_len for r in reqs], [r.pool_idx for r in reqs], loc,
-                                rows_per_req, device=req_to_token.device)
+                                rows_per_req, device=req_pool.device_table.device,
+                                table_update=req_pool.take_updates())
         n_sampled = 0
         for req, n, does_sample in zip(reqs, lens, samples, strict=True):
             req.kv_len += n

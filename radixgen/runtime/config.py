@@ -55,6 +55,8 @@ class EngineConfig:
             ("dtype", self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
             ("grammar_backend", self.grammar_backend in ("xgrammar", "outlines"), "xgrammar or outlines"),
+            ("sampling_backend", self.sampling_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
+            ("attention_backend", self.attention_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -3,6 +3,7 @@
 All new tokens of the step are concatenated into one flat sequence of T tokens; request i owns
 `extend_lens[i]` of them, continuing its cached prefix of `prefix_lens[i]` tokens. A decode request
 is an extend of length 1. K/V are read and written through the KV pool by slot index.
+The index tensors reach the model's device in one pinned, non-blocking copy.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from radixgen.radix_cache.memory_pool import TableUpdate
+from radixgen.runtime.transfer import to_device
 
 
 @dataclass
@@ -21,6 +25,8 @@ class ForwardBatch:
     prefix_lens: list[int]  # [B] tokens already in the KV cache before this step
     extend_lens: list[int]  # [B] new tokens this step (1 for decode)
     logits_indices: torch.Tensor  # [L] int64 rows of the flat sequence whose logits are returned
+    has_placeholders: bool = False  # some input ids are -(i + 1): the i-th token the previous step samples
+    table_update: TableUpdate | None = None  # req_to_token writes to apply on the device first
 
     @property
     def batch_size(self) -> int:
@@ -42,6 +48,7 @@ def make_forward_batch(
     out_cache_loc: torch.Tensor,
     logits_rows: list[list[int]] | None = None,
     device: torch.device | str = "cpu",
+    table_update: TableUpdate | None = None,
 ) -> ForwardBatch:
     """Build a ForwardBatch from per-request new tokens.
 
@@ -56,13 +63,18 @@ def make_forward_batch(
         wanted = logits_rows[i] if logits_rows is not None else [e - 1]
         rows.extend(start + j for j in wanted)
         start += e
-    as_long = lambda x: torch.tensor(x, dtype=torch.int64, device=device)
+    t, b = len(flat), len(extend_lens)
+    host = torch.tensor(flat + positions + req_pool_indices + rows, dtype=torch.int64)  # [2T + B + L]
+    packed = torch.cat([host, out_cache_loc.to(torch.int64).reshape(-1)])  # [3T + B + L]
+    dev = to_device(packed, torch.device(device))
     return ForwardBatch(
-        input_ids=as_long(flat),
-        positions=as_long(positions),
-        out_cache_loc=out_cache_loc.to(device),
-        req_pool_indices=as_long(req_pool_indices),
+        input_ids=dev[:t],
+        positions=dev[t : 2 * t],
+        out_cache_loc=dev[2 * t + b + len(rows) :],
+        req_pool_indices=dev[2 * t : 2 * t + b],
         prefix_lens=list(prefix_lens),
         extend_lens=extend_lens,
-        logits_indices=as_long(rows),
+        logits_indices=dev[2 * t + b : 2 * t + b + len(rows)],
+        has_placeholders=any(tok < 0 for tok in flat),
+        table_update=table_update,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
@@ -20,6 +21,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.engine_config = config
         self.device = torch.device(config.device)
+        self.attention = get_attention_backend(config.attention_backend, self.device)
         self.dtype = DTYPES[config.dtype]
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -44,4 +46,5 @@ class ModelRunner:
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run one step; returns float32 logits [len(fb.logits_indices), V]."""
-        return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.req_to_token)
+        self.req_to_token_pool.apply(fb.table_update)
+        return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention)

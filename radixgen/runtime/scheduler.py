@@ -230,7 +230,7 @@ class Scheduler:
                 self._unlock(req)
                 break
             req.pool_idx = self.req_pool.alloc()
-            self.req_pool.req_to_token[req.pool_idx, : req.kv_len] = req.prefix_slots
+            self.req_pool.write(req.pool_idx, 0, req.prefix_slots)
             self.waiting.remove(req)
             self.running.append(req)
             chunks[id(req)], budget, need = n, budget - n, need + n
@@ -242,7 +242,7 @@ class Scheduler:
         if loc is None:  # a lone request larger than the whole pool
             self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
             return None
-        return ScheduledBatch.build(reqs, lens, loc, self.req_pool.req_to_token)
+        return ScheduledBatch.build(reqs, lens, loc, self.req_pool)
 
     def _prompts_in_progress(self, active: list[Req]) -> RadixCache | None:
         """Prompts being computed but not yet in the tree (in-batch prefix check), or None if disabled."""
@@ -352,7 +352,7 @@ class Scheduler:
         done = req.done_kv_len  # a later chunk may be in flight: insert only computed KV
         slots = self.req_pool.req_to_token[req.pool_idx, :done].clone()
         new_slots, node = self.tree.cache_unfinished_req(req.radix_key(done), slots, req.last_node, req.locked_len)
-        self.req_pool.req_to_token[req.pool_idx, :done] = new_slots
+        self.req_pool.write(req.pool_idx, 0, new_slots)
         if not self.tree.disable:
             req.last_node = node
             req.locked_len = done // self.config.page_size * self.config.page_size

@@ -20,6 +20,7 @@ from radixgen.grammar.base import allocate_bitmask
 from radixgen.runtime.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.model_runner import ModelRunner
+from radixgen.runtime.transfer import to_device
 from radixgen.sampling.sampler import Sampler
 from radixgen.sampling.torch_ops import SamplingBatch
 
@@ -56,10 +57,9 @@ class ModelWorker:
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
         fb = batch.forward
-        placeholders = fb.input_ids < 0  # [T]
-        if self._last_ids is not None and bool(placeholders.any()):
+        if fb.has_placeholders and self._last_ids is not None:
             prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
-            fb.input_ids = torch.where(placeholders, prev, fb.input_ids)
+            fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
         logits = self.runner.forward(fb)  # [L, V] float32
         out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
         self._prompt_logprobs(batch, logits, out)
@@ -91,7 +91,7 @@ class ModelWorker:
         for row, req in enumerate(reqs):
             if req.grammar is not None:
                 req.grammar.fill_bitmask(bitmask, row)
-        return bitmask.to(self.runner.device)
+        return to_device(bitmask, self.runner.device)
 
     def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
         out.input_logprobs = [[] for _ in batch.reqs]
@@ -105,7 +105,7 @@ class ModelWorker:
             if not batch.input_targets[i]:
                 continue
             lp = torch.log_softmax(logits[batch.input_rows[i]], dim=-1)  # [n, V]
-            tgt = torch.tensor(batch.input_targets[i])
+            tgt = to_device(torch.tensor(batch.input_targets[i]), logits.device)  # [n]
             vals = lp.gather(1, tgt[:, None])[:, 0].tolist()
             out.input_logprobs[i].extend(zip(vals, batch.input_targets[i], strict=True))
             if req.top_logprobs_num:

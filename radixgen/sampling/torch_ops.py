@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixgen.runtime.transfer import to_device
 from radixgen.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")
@@ -108,10 +109,10 @@ class SamplingBatch:
         min_ps = [0.0 if g else float(p.min_p) for p, g in zip(params, greedy, strict=True)]
         top_ks = [V if g or p.top_k < 0 else min(p.top_k, V) for p, g in zip(params, greedy, strict=True)]
         steps = [len(o) for o in output_ids]
-        floats = torch.tensor([temps, top_ps, min_ps], dtype=torch.float32).to(device)  # [3, B]
-        ints = torch.tensor(
+        floats = to_device(torch.tensor([temps, top_ps, min_ps], dtype=torch.float32), device)  # [3, B]
+        ints = to_device(torch.tensor(
             [top_ks, [s & _SEED_MASK for s in seeds], steps], dtype=torch.int64
-        ).to(device)  # [3, B]
+        ), device)  # [3, B]
         batch = cls(
             vocab_size=V,
             temperatures=floats[0],
@@ -129,10 +130,10 @@ class SamplingBatch:
             max_top_logprobs=max((p.top_logprobs for p in params), default=0),
         )
         if any(p.needs_penalties for p in params):
-            pen = torch.tensor(
+            pen = to_device(torch.tensor(
                 [[p.repetition_penalty for p in params], [p.frequency_penalty for p in params],
                  [p.presence_penalty for p in params]], dtype=torch.float32,
-            ).to(device)  # [3, B]
+            ), device)  # [3, B]
             batch.repetition_penalties, batch.frequency_penalties, batch.presence_penalties = pen.unbind(0)
             batch.output_counts = token_counts(output_ids, V, device)
             batch.need_penalties = True
@@ -142,7 +143,7 @@ class SamplingBatch:
             vals = [float(b) for p in params for b in (p.logit_bias or {}).values()]
             bias = torch.zeros(len(params) * V, dtype=torch.float32, device=device)  # [B * V]
             idx = torch.tensor(rows, dtype=torch.int64) * V + torch.tensor(toks, dtype=torch.int64)
-            bias.index_put_((idx.to(device),), torch.tensor(vals, dtype=torch.float32).to(device))
+            bias.index_put_((to_device(idx, device),), to_device(torch.tensor(vals, dtype=torch.float32), device))
             batch.logit_bias = bias.view(len(params), V)
         ban = []
         for i, (p, n_out) in enumerate(zip(params, steps, strict=True)):
@@ -150,7 +151,7 @@ class SamplingBatch:
                 ids = set(p.stop_token_ids or []) | (set() if p.ignore_eos else set(eos_token_ids))
                 ban.extend(i * V + t for t in sorted(ids) if 0 <= t < V)
         if ban:
-            batch.min_tokens_ban = torch.tensor(ban, dtype=torch.int64).to(device)
+            batch.min_tokens_ban = to_device(torch.tensor(ban, dtype=torch.int64), device)
         return batch
 
 
@@ -161,7 +162,7 @@ def token_counts(output_ids: list[list[int]], vocab_size: int, device: torch.dev
     flat = torch.tensor(list(itertools.chain.from_iterable(output_ids)), dtype=torch.int64)  # [T]
     idx = torch.repeat_interleave(torch.arange(B), lengths) * vocab_size + flat  # [T]
     counts = torch.zeros(B * vocab_size, dtype=torch.int32, device=device)  # [B * V]
-    counts.scatter_add_(0, idx.to(device), torch.ones(idx.shape[0], dtype=torch.int32, device=device))
+    counts.scatter_add_(0, to_device(idx, device), torch.ones(idx.shape[0], dtype=torch.int32, device=device))
     return counts.view(B, vocab_size)
 
 

@@ -32,15 +32,18 @@ class Seq:
 
     def extend(self, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
         loc = self.runner.token_to_kv_pool.alloc(len(tokens))
-        self.runner.req_to_token_pool.req_to_token[self.slot, self.len : self.len + len(tokens)] = loc
+        pool = self.runner.req_to_token_pool
+        pool.write(self.slot, self.len, loc)
         rows = [list(range(len(tokens)))] if all_logits else None
-        fb = make_forward_batch([tokens], [self.len], [self.slot], loc, rows)
+        fb = make_forward_batch([tokens], [self.len], [self.slot], loc, rows, table_update=pool.take_updates())
         self.len += len(tokens)
         return self.runner.forward(fb)
 
 
-def check_model(path, prompt_ids: list[int]) -> None:
-    runner = ModelRunner(EngineConfig(model=str(path), max_total_tokens=4096, max_running_requests=4))
+def check_model(path, prompt_ids: list[int], attention_backend: str = "torch") -> None:
+    config = EngineConfig(model=str(path), max_total_tokens=4096, max_running_requests=4,
+                          attention_backend=attention_backend)
+    runner = ModelRunner(config)
     ref = hf_model(path)
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
@@ -77,6 +80,15 @@ def test_tiny_models_match_hf(tiny_models, arch):
 
     ids = load_tokenizer(tiny_models[arch]).encode(PROMPT)
     check_model(tiny_models[arch], ids)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_tiny_models_match_hf_with_triton_attention(tiny_models, arch):
+    """The Triton kernels (interpreted on CPU) inside the whole model, against HF."""
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    ids = load_tokenizer(tiny_models[arch]).encode(PROMPT)
+    check_model(tiny_models[arch], ids, attention_backend="triton")
 
 
 def test_smollm2_gguf_matches_hf(smollm2_path):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
-from radixgen.runtime.attention import AttentionMetadata, attention
+from radixgen.runtime.attention import AttentionBackend
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
 
@@ -59,7 +59,8 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         rotary: Rotary,
         fb: ForwardBatch,
-        meta: AttentionMetadata,
+        attn: AttentionBackend,
+        meta: object,
         pool: TokenToKVPool,
     ) -> torch.Tensor:
         t = h.shape[0]
@@ -73,7 +74,7 @@ class DecoderLayer(nn.Module):
             k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
         q, k = rotary(q, cos, sin), rotary(k, cos, sin)
         pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
-        o = attention(q, pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id], meta, self.scale)
+        o = attn.forward(q, pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id], meta, self.scale)
         h = h + F.linear(o, self.o_proj)  # [T, hidden]
         x = F.rms_norm(h, (h.shape[-1],), self.post_attn_norm, self.eps)
         gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)  # [T, inter] each
@@ -93,13 +94,15 @@ class LlamaModel(nn.Module):
         self.rotary = Rotary(config, max_len)
 
     @torch.inference_mode()
-    def forward(self, fb: ForwardBatch, pool: TokenToKVPool, req_to_token: torch.Tensor) -> torch.Tensor:
-        meta = AttentionMetadata.build(fb, req_to_token)
+    def forward(
+        self, fb: ForwardBatch, pool: TokenToKVPool, req_to_token: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        meta = attn.build(fb, req_to_token)
         h = self.embed[fb.input_ids]  # [T, hidden]
         cos = self.rotary.cos[fb.positions].unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
         sin = self.rotary.sin[fb.positions].unsqueeze(1).to(h.dtype)
         for layer in self.layers:
-            h = layer(h, cos, sin, self.rotary, fb, meta, pool)
+            h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
         h = h[fb.logits_indices]  # [L, hidden]
         h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
         head = self.embed if self.lm_head is None else self.lm_head
