@@ -1,4 +1,5 @@
-"""Triton attention kernels (interpreter on CPU, fp32) against the torch attention path."""
+"""Triton attention kernels against the torch attention path: under the interpreter on CPU, and
+compiled on CUDA when a GPU is present (the root conftest leaves TRITON_INTERPRET unset there)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from radixgen.runtime.forward_batch import ForwardBatch, make_forward_batch
 from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention
 
 TOL = 2e-3
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _case(
@@ -37,8 +39,9 @@ def _case(
     k = torch.randn((n_slots + 1, h_kv, d), generator=g)  # [N+1, Hkv, D]
     v = torch.randn((n_slots + 1, h_kv, d), generator=g)
     q = torch.randn((sum(e for _, e in reqs), h, d), generator=g)  # [T, H, D]
-    fb = make_forward_batch([[0] * e for _, e in reqs], [p for p, _ in reqs], rows, torch.cat(out_cache_loc))
-    return q, k, v, fb, req_to_token
+    fb = make_forward_batch([[0] * e for _, e in reqs], [p for p, _ in reqs], rows, torch.cat(out_cache_loc),
+                            device=DEVICE)
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), fb, req_to_token.to(DEVICE)
 
 
 def _compare(reqs, h, h_kv, d, num_kv_splits: int = 8, seed: int = 0, r2t_dtype=torch.int32) -> None:
