@@ -103,11 +103,12 @@ def engine_benchmarks(model_dir: Path, weight_bytes: int, args: argparse.Namespa
         res["prefill_tok_s"] = args.prefill_n * args.prefill_len / (time.perf_counter() - t)
         emit({"measure": "prefill", "tokens": args.prefill_n * args.prefill_len, "tok_s": res["prefill_tok_s"]})
         gen = {"temperature": 0, "max_new_tokens": args.new_tokens, "ignore_eos": True}
+        outputs = {}
         for b in (1, 32, 256):
             batch = random_prompts(b, 32, args.vocab, 10 + b)
             eng.generate(input_ids=batch, sampling_params={"max_new_tokens": 1})  # prompts now cached
             t = time.perf_counter()
-            eng.generate(input_ids=batch, sampling_params=gen)
+            outputs[b] = [o["output_ids"] for o in eng.generate(input_ids=batch, sampling_params=gen)]
             dt = time.perf_counter() - t
             res[f"decode_b{b}_tok_s"] = b * args.new_tokens / dt
             rec = {"measure": f"decode_b{b}", "tok_s": res[f"decode_b{b}_tok_s"], "step_ms": dt / args.new_tokens * 1e3}
@@ -120,6 +121,20 @@ def engine_benchmarks(model_dir: Path, weight_bytes: int, args: argparse.Namespa
             emit(rec)
     finally:
         eng.shutdown()
+    if args.device.startswith("cuda"):  # the same decodes launched kernel by kernel: speed and equal outputs
+        eng = Engine(**common, disable_cuda_graph=True)
+        try:
+            for b in (1, 32):
+                batch = random_prompts(b, 32, args.vocab, 10 + b)
+                eng.generate(input_ids=batch, sampling_params={"max_new_tokens": 1})
+                t = time.perf_counter()
+                same = [o["output_ids"] for o in eng.generate(input_ids=batch, sampling_params=gen)] == outputs[b]
+                res[f"eager_decode_b{b}_tok_s"] = b * args.new_tokens / (time.perf_counter() - t)
+                res[f"graph_equals_eager_b{b}"] = same
+                emit({"measure": f"decode_b{b}_no_cuda_graph", "tok_s": res[f"eager_decode_b{b}_tok_s"],
+                      "same_greedy_outputs": same})
+        finally:
+            eng.shutdown()
     times = {}
     for cache in ("on", "off"):
         eng = Engine(**common, disable_radix_cache=cache == "off")

@@ -41,6 +41,8 @@ class EngineConfig:
     """Sampler: auto picks the fused Triton kernel on GPU and the torch path on CPU."""
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
     """Attention: auto picks Triton kernels on GPU and the torch path on CPU."""
+    disable_cuda_graph: bool = False
+    """Launch decode steps kernel by kernel instead of replaying captured CUDA graphs (GPU only)."""
     seed: int = 0
     """Seed for requests that give none."""
     num_threads: int | None = None

@@ -7,6 +7,7 @@ import torch
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
@@ -39,6 +40,10 @@ class ModelRunner:
         self.token_to_kv_pool = TokenToKVPool(
             config.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
         )
+        self.decode_graphs: DecodeGraphRunner | None = None
+        if self.device.type == "cuda" and self.attention.name == "triton" and not config.disable_cuda_graph:
+            sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
+            self.decode_graphs = DecodeGraphRunner(self, sizes, capture=True)
 
     @property
     def vocab_size(self) -> int:
@@ -47,4 +52,6 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run one step; returns float32 logits [len(fb.logits_indices), V]."""
         self.req_to_token_pool.apply(fb.table_update)
+        if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
+            return self.decode_graphs.forward(fb)
         return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention)

@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.transfer import to_device
 
 _LOG2E = 1.4426950408889634
 
@@ -187,7 +188,7 @@ class TritonAttentionMetadata:
         req_idx = fb.req_pool_indices
         if req_idx.device.type == "cpu":  # ride along in the same copy
             host = torch.cat([host, req_idx.to(torch.int64)[None]])  # [5, B]
-        packed = host.to(req_to_token.device)
+        packed = to_device(host, req_to_token.device)
         req_idx = packed[4] if req_idx.device.type == "cpu" else req_idx.to(req_to_token.device)
         return cls(req_to_token, req_idx, packed[0], packed[1], packed[2], packed[3],
                    max(fb.extend_lens, default=0), fb.is_decode, num_kv_splits)

@@ -51,3 +51,34 @@ def test_triton_backend_engine_equals_torch(tiny_models):
         finally:
             eng.shutdown()
     assert outs["triton"] == outs["torch"]
+
+
+def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models):
+    """The CUDA-graph runner's static, padded decode path (run eagerly on CPU) gives the plain
+    forward's logits: 3 requests padded to a captured size of 4, then 2 padded to 2 after a step."""
+    from radixgen.runtime.cuda_graph import DecodeGraphRunner
+    from radixgen.runtime.forward_batch import make_forward_batch
+    from radixgen.runtime.model_runner import ModelRunner
+
+    runner = ModelRunner(EngineConfig(model=str(tiny_models["llama"]), attention_backend="triton",
+                                      max_total_tokens=1024, max_running_requests=8))
+    graphs = DecodeGraphRunner(runner, (1, 2, 4), capture=False)
+    pool = runner.req_to_token_pool
+    slots, lens = [pool.alloc() for _ in range(3)], [5, 17, 9]
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate(lens)]
+    for slot, ids in zip(slots, prompts, strict=True):
+        loc = runner.token_to_kv_pool.alloc(len(ids))
+        pool.write(slot, 0, loc)
+        runner.forward(make_forward_batch([ids], [0], [slot], loc, table_update=pool.take_updates()))
+    for batch in (slots, slots[1:]):
+        n = [lens[slots.index(s)] for s in batch]
+        loc = runner.token_to_kv_pool.alloc(len(batch))
+        for s, length, slot_loc in zip(batch, n, loc, strict=True):
+            pool.write(s, length, slot_loc[None])
+        fb = make_forward_batch([[11 + s] for s in batch], n, batch, loc, table_update=pool.take_updates())
+        assert graphs.can_run(fb)
+        plain = runner.forward(fb)
+        fb.table_update = None
+        torch.testing.assert_close(graphs.forward(fb), plain, atol=1e-5, rtol=1e-5)
+        for s in batch:
+            lens[slots.index(s)] += 1

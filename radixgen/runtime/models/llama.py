@@ -95,9 +95,17 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(
-        self, fb: ForwardBatch, pool: TokenToKVPool, req_to_token: torch.Tensor, attn: AttentionBackend
+        self,
+        fb: ForwardBatch,
+        pool: TokenToKVPool,
+        req_to_token: torch.Tensor,
+        attn: AttentionBackend,
+        meta: object | None = None,
     ) -> torch.Tensor:
-        meta = attn.build(fb, req_to_token)
+        """Logits [L, V] (float32) of `fb.logits_indices`; `meta`: prebuilt attention metadata
+        (a CUDA graph's static one), else built from `fb`."""
+        if meta is None:
+            meta = attn.build(fb, req_to_token)
         h = self.embed[fb.input_ids]  # [T, hidden]
         cos = self.rotary.cos[fb.positions].unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
         sin = self.rotary.sin[fb.positions].unsqueeze(1).to(h.dtype)
