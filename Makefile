@@ -32,6 +32,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	# bench_gpu needs CUDA; `$(PY) benchmarks/bench_gpu.py --tiny --device cpu` is its CPU smoke run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -260,6 +260,9 @@ def main() -> None:
                          args.hidden * (args.hidden + 2 * args.kv_heads * args.hidden // args.heads)
                          + args.hidden * args.hidden + 3 * args.hidden * args.intermediate)) / 1e9, 3)}
     if args.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            print(json.dumps({"bench": "gpu", "skipped": "no CUDA device; try --tiny --device cpu"}))
+            return
         name = torch.cuda.get_device_name()
         peak = args.peak_gb_s or next((v for k, v in PEAK_GBS.items() if k in name), math.nan)
         summary |= {"gpu": name, "peak_gb_s": peak}
