@@ -137,7 +137,7 @@ def engine_benchmarks(model_dir: Path, weight_bytes: int, args: argparse.Namespa
             eng.shutdown()
     times = {}
     for cache in ("on", "off"):
-        eng = Engine(**common, disable_radix_cache=cache == "off")
+        eng = Engine(**common, disable_radix_cache=cache == "off", disable_cuda_graph=True)  # prefill-bound
         try:
             prefix = random_prompts(1, args.shared_prefix, args.vocab, 5)[0]
             reqs = [prefix + tail for tail in random_prompts(args.shared_n, 64, args.vocab, 6)]
