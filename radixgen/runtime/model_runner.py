@@ -12,6 +12,7 @@ from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
 from radixgen.runtime.models.loader import load_model_weights
+from radixgen.runtime.models.packed_linear import can_pack
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -35,6 +36,8 @@ class ModelRunner:
         del weights
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
+        if can_pack(self.device, self.dtype):
+            self.model.pack_weights()
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
