@@ -131,12 +131,12 @@ class LlamaModel(nn.Module):
         (a CUDA graph's static one), else built from `fb`."""
         if meta is None:
             meta = attn.build(fb, req_to_token)
-        h = self.embed[fb.input_ids]  # [T, hidden]
-        cos = self.rotary.cos[fb.positions].unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
-        sin = self.rotary.sin[fb.positions].unsqueeze(1).to(h.dtype)
+        h = self.embed.index_select(0, fb.input_ids)  # [T, hidden]
+        cos = self.rotary.cos.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
+        sin = self.rotary.sin.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
-        h = h[fb.logits_indices]  # [L, hidden]
+        h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
         if self._packed_head is not None:
             return packed_linear(h, self._packed_head).float()  # [L, V]
