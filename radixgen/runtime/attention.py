@@ -10,6 +10,7 @@ picks one of the two.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,44 +24,83 @@ from radixgen.runtime.transfer import to_device
 
 
 @dataclass
-class AttentionMetadata:
-    """Per-step index tensors shared by all layers."""
+class SdpaCall:
+    """One padded scaled_dot_product_attention call over a group of requests."""
 
+    rows: torch.Tensor | None  # [n] rows of the flat sequence in this group (None: all, in order)
     kv_index: torch.Tensor  # [B, S_max] KV slot of each key position (0 = padding slot)
-    q_pad_index: torch.Tensor | None  # [B, E_max] row of the flat sequence per padded query (None: no padding)
+    q_pad_index: torch.Tensor | None  # [B, E_max] row (within the group) per padded query (None: no padding)
     q_unpad_mask: torch.Tensor | None  # [B, E_max] bool, real queries
-    attn_mask: torch.Tensor | None  # [B, 1, E_max, S_max] bool (True = attend); None: plain causal
+    attn_mask: torch.Tensor | None  # [B, 1, E_max, S_max] bool (True = attend); None: see is_causal
     is_causal: bool
     batch_size: int
-    max_extend: int
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step index tensors shared by all layers.
+
+    Decode requests (one new token) and extend requests are attended in separate calls: padding a
+    decode row to the longest extend of the step would multiply its work by that length (a mixed
+    step with a 400-token prefill chunk and 39 decodes did 40x the attention it needed).
+    """
+
+    calls: list[SdpaCall]
 
     @classmethod
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
         device = req_to_token.device
-        lens = to_device(torch.tensor([fb.prefix_lens, fb.extend_lens], dtype=torch.int64), device)  # [2, B]
-        prefix, extend = lens[0], lens[1]  # [B] each
-        seq = prefix + extend
-        b, s_max, e_max = fb.batch_size, max(fb.seq_lens), max(fb.extend_lens)
-        key_pos = torch.arange(s_max, device=device)  # [S]
-        rows = req_to_token[fb.req_pool_indices, :s_max]  # [B, S]
-        kv_index = torch.where(key_pos[None, :] < seq[:, None], rows, torch.zeros_like(rows))
-        # Single request without prefix: plain causal attention, no mask, no padding.
-        if b == 1 and fb.prefix_lens[0] == 0:
-            return cls(kv_index, None, None, None, e_max > 1, 1, e_max)
-        q_pos = torch.arange(e_max, device=device)  # [E]
-        q_valid = q_pos[None, :] < extend[:, None]  # [B, E]
-        if b == 1:
-            q_pad_index, q_valid_or_none = None, None
-        else:
-            starts = torch.cumsum(extend, 0) - extend  # [B]
-            q_pad_index = torch.where(q_valid, starts[:, None] + q_pos[None, :], 0)  # [B, E]
-            q_valid_or_none = q_valid
-        # key j visible to query i of request r iff j <= prefix[r] + i and j < seq[r]
-        limit = prefix[:, None] + q_pos[None, :]  # [B, E]
-        mask = key_pos[None, None, :] <= limit[:, :, None]  # [B, E, S]
-        mask &= key_pos[None, None, :] < seq[:, None, None]
-        mask |= ~q_valid[:, :, None]  # padded query rows attend to everything (ignored later; avoids NaN)
-        return cls(kv_index, q_pad_index, q_valid_or_none, mask[:, None], False, b, e_max)
+        decode = [i for i, e in enumerate(fb.extend_lens) if e == 1]
+        if not decode or len(decode) == fb.batch_size:
+            return cls([_sdpa_call(fb.prefix_lens, fb.extend_lens, fb.req_pool_indices, None, req_to_token)])
+        extend = [i for i, e in enumerate(fb.extend_lens) if e > 1]
+        starts = [0, *itertools.accumulate(fb.extend_lens)][:-1]
+        calls = []
+        for group in (decode, extend):
+            rows = [r for i in group for r in range(starts[i], starts[i] + fb.extend_lens[i])]
+            req_idx = to_device(torch.tensor(group, dtype=torch.int64), device)  # [b]
+            calls.append(_sdpa_call(
+                [fb.prefix_lens[i] for i in group], [fb.extend_lens[i] for i in group],
+                fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device), req_to_token,
+            ))
+        return cls(calls)
+
+
+def _sdpa_call(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    req_pool_indices: torch.Tensor,  # [B]
+    rows: torch.Tensor | None,
+    req_to_token: torch.Tensor,
+) -> SdpaCall:
+    device = req_to_token.device
+    lens = to_device(torch.tensor([prefix_lens, extend_lens], dtype=torch.int64), device)  # [2, B]
+    prefix, extend = lens[0], lens[1]  # [B] each
+    seq = prefix + extend
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
+    b, s_max, e_max = len(extend_lens), max(seq_lens), max(extend_lens)
+    key_pos = torch.arange(s_max, device=device)  # [S]
+    slots = req_to_token[req_pool_indices, :s_max]  # [B, S]
+    kv_index = torch.where(key_pos[None, :] < seq[:, None], slots, torch.zeros_like(slots))
+    # One request without prefix: plain causal attention. Decodes of equal length: no mask at all.
+    if b == 1 and prefix_lens[0] == 0:
+        return SdpaCall(rows, kv_index, None, None, None, e_max > 1, 1)
+    if e_max == 1 and min(seq_lens) == s_max:
+        return SdpaCall(rows, kv_index, None, None, None, False, b)
+    q_pos = torch.arange(e_max, device=device)  # [E]
+    q_valid = q_pos[None, :] < extend[:, None]  # [B, E]
+    if b == 1 or e_max == 1:
+        q_pad_index, q_valid_or_none = None, None
+    else:
+        starts = torch.cumsum(extend, 0) - extend  # [B]
+        q_pad_index = torch.where(q_valid, starts[:, None] + q_pos[None, :], 0)  # [B, E]
+        q_valid_or_none = q_valid
+    # key j visible to query i of request r iff j <= prefix[r] + i and j < seq[r]
+    limit = prefix[:, None] + q_pos[None, :]  # [B, E]
+    mask = key_pos[None, None, :] <= limit[:, :, None]  # [B, E, S]
+    mask &= key_pos[None, None, :] < seq[:, None, None]
+    mask |= ~q_valid[:, :, None]  # padded query rows attend to everything (ignored later; avoids NaN)
+    return SdpaCall(rows, kv_index, q_pad_index, q_valid_or_none, mask[:, None], False, b)
 
 
 def attention(
@@ -71,22 +111,37 @@ def attention(
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
     t, h, d = q.shape
-    b, s = meta.kv_index.shape
-    flat = meta.kv_index.view(-1)  # index_select: ~4x faster than advanced indexing on CPU
+    if len(meta.calls) == 1 and meta.calls[0].rows is None:
+        return _sdpa(q, k_buffer, v_buffer, meta.calls[0], scale)
+    out = q.new_empty((t, h * d))
+    for call in meta.calls:
+        out.index_copy_(0, call.rows, _sdpa(q.index_select(0, call.rows), k_buffer, v_buffer, call, scale))
+    return out
+
+
+def _sdpa(
+    q: torch.Tensor,  # [n, H, D] the group's queries
+    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    v_buffer: torch.Tensor,  # [N, Hkv, D]
+    call: SdpaCall,
+    scale: float,
+) -> torch.Tensor:  # [n, H * D]
+    n, h, d = q.shape
+    b, s = call.kv_index.shape
+    flat = call.kv_index.view(-1)  # index_select: ~4x faster than advanced indexing on CPU
     k = k_buffer.index_select(0, flat).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
     v = v_buffer.index_select(0, flat).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    if meta.q_pad_index is None:
+    if call.q_pad_index is None:
         qb = q.view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
     else:
-        qb = q.index_select(0, meta.q_pad_index.view(-1)).view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
-    gqa = h != k.shape[1]
+        qb = q.index_select(0, call.q_pad_index.view(-1)).view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
     out = F.scaled_dot_product_attention(
-        qb, k, v, attn_mask=meta.attn_mask, is_causal=meta.is_causal, scale=scale, enable_gqa=gqa
+        qb, k, v, attn_mask=call.attn_mask, is_causal=call.is_causal, scale=scale, enable_gqa=h != k.shape[1]
     )  # [B, H, E, D]
     out = out.transpose(1, 2)  # [B, E, H, D]
-    if meta.q_unpad_mask is not None:
-        out = out[meta.q_unpad_mask]  # [T, H, D]
-    return out.reshape(t, h * d)
+    if call.q_unpad_mask is not None:
+        out = out[call.q_unpad_mask]  # [n, H, D]
+    return out.reshape(n, h * d)
 
 
 @dataclass(frozen=True)
