@@ -67,8 +67,12 @@ class TokenToKVPool:
         self.size = size
         self.allocator = TokenAllocator(size)
         shape = (size + 1, num_kv_heads, head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Uninitialised (a slot is written before it is read; on CPU untouched pages cost no memory),
+        # except the padding slot 0: masked-out keys read it, so it must hold finite values.
+        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        for buf in (*self.k_buffer, *self.v_buffer):
+            buf[0].zero_()
 
     def alloc(self, n: int) -> torch.Tensor | None:
         return self.allocator.alloc(n)
