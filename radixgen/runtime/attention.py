@@ -34,6 +34,7 @@ class SdpaCall:
     attn_mask: torch.Tensor | None  # [B, 1, E_max, S_max] bool (True = attend); None: see is_causal
     is_causal: bool
     batch_size: int
+    shared: torch.Tensor | None = None  # [C] KV slots of a prefix every request starts with (kv_index starts after it)
 
 
 @dataclass
@@ -43,6 +44,11 @@ class AttentionMetadata:
     Decode requests (one new token) and extend requests are attended in separate calls: padding a
     decode row to the longest extend of the step would multiply its work by that length (a mixed
     step with a 400-token prefill chunk and 39 decodes did 40x the attention it needed).
+
+    Requests that begin with the same KV slots (a cached few-shot prefix, a system prompt, fork
+    branches) attend to that shared part in one call over K/V gathered once, and to the rest per
+    request; the two partial results merge by their log-sum-exp (cascade attention). Without it,
+    64 requests on a 1000-token cached prefix gathered the prefix's K/V 64 times per layer.
     """
 
     calls: list[SdpaCall]
@@ -66,6 +72,20 @@ class AttentionMetadata:
         return cls(calls)
 
 
+SHARED_PREFIX_MIN = 64  # shortest common prefix worth a separate attention call (CPU)
+
+
+def _shared_prefix(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: list[int]) -> int:
+    """Length of the KV-slot prefix all requests share (0 if under SHARED_PREFIX_MIN or not on CPU)."""
+    n = min(prefix_lens)
+    if len(prefix_lens) < 2 or n < SHARED_PREFIX_MIN or req_to_token.device.type != "cpu":
+        return 0  # on a GPU, finding it would sync on the device; the Triton path does not need it
+    slots = req_to_token[req_pool_indices, :n]  # [B, n]
+    same = (slots == slots[:1]).all(0)  # [n]
+    c = int(same.cumprod(0).sum())
+    return c if c >= SHARED_PREFIX_MIN else 0
+
+
 def _sdpa_call(
     prefix_lens: list[int],
     extend_lens: list[int],
@@ -79,14 +99,16 @@ def _sdpa_call(
     seq = prefix + extend
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     b, s_max, e_max = len(extend_lens), max(seq_lens), max(extend_lens)
-    key_pos = torch.arange(s_max, device=device)  # [S]
-    slots = req_to_token[req_pool_indices, :s_max]  # [B, S]
+    c = _shared_prefix(req_to_token, req_pool_indices, prefix_lens)
+    shared = req_to_token[req_pool_indices[0], :c] if c else None  # [C]
+    key_pos = torch.arange(c, s_max, device=device)  # [S] positions of the keys this call gathers
+    slots = req_to_token[req_pool_indices, c:s_max]  # [B, S]
     kv_index = torch.where(key_pos[None, :] < seq[:, None], slots, torch.zeros_like(slots))
     # One request without prefix: plain causal attention. Decodes of equal length: no mask at all.
     if b == 1 and prefix_lens[0] == 0:
         return SdpaCall(rows, kv_index, None, None, None, e_max > 1, 1)
     if e_max == 1 and min(seq_lens) == s_max:
-        return SdpaCall(rows, kv_index, None, None, None, False, b)
+        return SdpaCall(rows, kv_index, None, None, None, False, b, shared)
     q_pos = torch.arange(e_max, device=device)  # [E]
     q_valid = q_pos[None, :] < extend[:, None]  # [B, E]
     if b == 1 or e_max == 1:
@@ -100,7 +122,7 @@ def _sdpa_call(
     mask = key_pos[None, None, :] <= limit[:, :, None]  # [B, E, S]
     mask &= key_pos[None, None, :] < seq[:, None, None]
     mask |= ~q_valid[:, :, None]  # padded query rows attend to everything (ignored later; avoids NaN)
-    return SdpaCall(rows, kv_index, q_pad_index, q_valid_or_none, mask[:, None], False, b)
+    return SdpaCall(rows, kv_index, q_pad_index, q_valid_or_none, mask[:, None], False, b, shared)
 
 
 def attention(
@@ -135,13 +157,45 @@ def _sdpa(
         qb = q.view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
     else:
         qb = q.index_select(0, call.q_pad_index.view(-1)).view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
-    out = F.scaled_dot_product_attention(
-        qb, k, v, attn_mask=call.attn_mask, is_causal=call.is_causal, scale=scale, enable_gqa=h != k.shape[1]
-    )  # [B, H, E, D]
+    if call.shared is None:
+        out = F.scaled_dot_product_attention(
+            qb, k, v, attn_mask=call.attn_mask, is_causal=call.is_causal, scale=scale, enable_gqa=h != k.shape[1]
+        )  # [B, H, E, D]
+    else:
+        out = _cascade(qb, k, v, k_buffer, v_buffer, call, scale)
     out = out.transpose(1, 2)  # [B, E, H, D]
     if call.q_unpad_mask is not None:
         out = out[call.q_unpad_mask]  # [n, H, D]
     return out.reshape(n, h * d)
+
+
+def _cascade(
+    qb: torch.Tensor,  # [B, H, E, D]
+    k: torch.Tensor,  # [B, Hkv, S, D] each request's keys after the shared prefix
+    v: torch.Tensor,  # [B, Hkv, S, D]
+    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    v_buffer: torch.Tensor,  # [N, Hkv, D]
+    call: SdpaCall,
+    scale: float,
+) -> torch.Tensor:  # [B, H, E, D]
+    """Attention over shared prefix + own keys as two calls merged by log-sum-exp."""
+    b, h, e, d = qb.shape
+    group = h // k.shape[1]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, natural-log lse)
+    ks = k_buffer.index_select(0, call.shared).transpose(0, 1).repeat_interleave(group, 0)[None]  # [1, H, C, D]
+    vs = v_buffer.index_select(0, call.shared).transpose(0, 1).repeat_interleave(group, 0)[None]  # [1, H, C, D]
+    q_all = qb.transpose(0, 1).reshape(1, h, b * e, d)  # [1, H, B*E, D]: every query sees every shared key
+    o1, lse1 = flash(q_all, ks, vs, 0.0, False, scale=scale)  # [1, H, B*E, D], [1, H, B*E]
+    o1 = o1.view(h, b, e, d).transpose(0, 1)  # [B, H, E, D]
+    lse1 = lse1.view(h, b, e).transpose(0, 1)  # [B, H, E]
+    mask = None
+    if call.attn_mask is not None:
+        mask = torch.zeros(call.attn_mask.shape, dtype=qb.dtype).masked_fill_(~call.attn_mask, float("-inf"))
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [B, H, S, D]
+    o2, lse2 = flash(qb, k, v, 0.0, False, attn_mask=mask, scale=scale)  # [B, H, E, D], [B, H, E]
+    lse = torch.logaddexp(lse1, lse2)  # [B, H, E]
+    w1, w2 = (lse1 - lse).exp()[..., None], (lse2 - lse).exp()[..., None]  # [B, H, E, 1]
+    return (o1 * w1 + o2 * w2).to(qb.dtype)
 
 
 @dataclass(frozen=True)
