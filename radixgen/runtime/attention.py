@@ -182,12 +182,15 @@ def _cascade(
     b, h, e, d = qb.shape
     group = h // k.shape[1]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, natural-log lse)
-    ks = k_buffer.index_select(0, call.shared).transpose(0, 1).repeat_interleave(group, 0)[None]  # [1, H, C, D]
-    vs = v_buffer.index_select(0, call.shared).transpose(0, 1).repeat_interleave(group, 0)[None]  # [1, H, C, D]
-    q_all = qb.transpose(0, 1).reshape(1, h, b * e, d)  # [1, H, B*E, D]: every query sees every shared key
-    o1, lse1 = flash(q_all, ks, vs, 0.0, False, scale=scale)  # [1, H, B*E, D], [1, H, B*E]
-    o1 = o1.view(h, b, e, d).transpose(0, 1)  # [B, H, E, D]
-    lse1 = lse1.view(h, b, e).transpose(0, 1)  # [B, H, E]
+    h_kv = h // group
+    ks = k_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
+    vs = v_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
+    # Every query sees every shared key, so all queries of a KV head's group (all requests, all
+    # heads of the group) form one query sequence: no mask, no GQA expansion of the shared K/V.
+    q_all = qb.view(b, h_kv, group, e, d).permute(1, 2, 0, 3, 4).reshape(1, h_kv, group * b * e, d)
+    o1, lse1 = flash(q_all, ks, vs, 0.0, False, scale=scale)  # [1, Hkv, G*B*E, D], [1, Hkv, G*B*E]
+    o1 = o1.view(h_kv, group, b, e, d).permute(2, 0, 1, 3, 4).reshape(b, h, e, d)  # [B, H, E, D]
+    lse1 = lse1.view(h_kv, group, b, e).permute(2, 0, 1, 3).reshape(b, h, e)  # [B, H, E]
     mask = None
     if call.attn_mask is not None:
         mask = torch.zeros(call.attn_mask.shape, dtype=qb.dtype).masked_fill_(~call.attn_mask, float("-inf"))
