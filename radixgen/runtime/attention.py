@@ -31,7 +31,8 @@ class SdpaCall:
     kv_index: torch.Tensor  # [B, S_max] KV slot of each key position (0 = padding slot)
     q_pad_index: torch.Tensor | None  # [B, E_max] row (within the group) per padded query (None: no padding)
     q_unpad_mask: torch.Tensor | None  # [B, E_max] bool, real queries
-    attn_mask: torch.Tensor | None  # [B, 1, E_max, S_max] bool (True = attend); None: see is_causal
+    attn_mask: torch.Tensor | None  # [B, 1, E_max, S_max] bool (True = attend), additive fp32 with `shared`;
+    # None: see is_causal
     is_causal: bool
     batch_size: int
     shared: torch.Tensor | None = None  # [C] KV slots of a prefix every request starts with (kv_index starts after it)
@@ -122,7 +123,10 @@ def _sdpa_call(
     mask = key_pos[None, None, :] <= limit[:, :, None]  # [B, E, S]
     mask &= key_pos[None, None, :] < seq[:, None, None]
     mask |= ~q_valid[:, :, None]  # padded query rows attend to everything (ignored later; avoids NaN)
-    return SdpaCall(rows, kv_index, q_pad_index, q_valid_or_none, mask[:, None], False, b, shared)
+    mask = mask[:, None]  # [B, 1, E, S]
+    if shared is not None:  # the cascade's kernel takes an additive mask (0 / -inf); fp32 works for all dtypes
+        mask = torch.zeros(mask.shape, device=device).masked_fill_(~mask, float("-inf"))
+    return SdpaCall(rows, kv_index, q_pad_index, q_valid_or_none, mask, False, b, shared)
 
 
 def attention(
@@ -180,9 +184,9 @@ def _cascade(
 ) -> torch.Tensor:  # [B, H, E, D]
     """Attention over shared prefix + own keys as two calls merged by log-sum-exp."""
     b, h, e, d = qb.shape
-    group = h // k.shape[1]
+    h_kv = k.shape[1]
+    group = h // h_kv
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, natural-log lse)
-    h_kv = h // group
     ks = k_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
     vs = v_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
     # Every query sees every shared key, so all queries of a KV head's group (all requests, all
@@ -191,11 +195,8 @@ def _cascade(
     o1, lse1 = flash(q_all, ks, vs, 0.0, False, scale=scale)  # [1, Hkv, G*B*E, D], [1, Hkv, G*B*E]
     o1 = o1.view(h_kv, group, b, e, d).permute(2, 0, 1, 3, 4).reshape(b, h, e, d)  # [B, H, E, D]
     lse1 = lse1.view(h_kv, group, b, e).permute(2, 0, 1, 3).reshape(b, h, e)  # [B, H, E]
-    mask = None
-    if call.attn_mask is not None:
-        mask = torch.zeros(call.attn_mask.shape, dtype=qb.dtype).masked_fill_(~call.attn_mask, float("-inf"))
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [B, H, S, D]
-    o2, lse2 = flash(qb, k, v, 0.0, False, attn_mask=mask, scale=scale)  # [B, H, E, D], [B, H, E]
+    o2, lse2 = flash(qb, k, v, 0.0, False, attn_mask=call.attn_mask, scale=scale)  # [B, H, E, D], [B, H, E]
     lse = torch.logaddexp(lse1, lse2)  # [B, H, E]
     w1, w2 = (lse1 - lse).exp()[..., None], (lse2 - lse).exp()[..., None]  # [B, H, E, 1]
     return (o1 * w1 + o2 * w2).to(qb.dtype)

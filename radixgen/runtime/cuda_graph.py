@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.transfer import to_device
 
 if TYPE_CHECKING:
     from radixgen.runtime.model_runner import ModelRunner
@@ -93,11 +92,10 @@ class DecodeGraphRunner:
         self.positions[:b].copy_(fb.positions)
         self.out_cache_loc[:b].copy_(fb.out_cache_loc)
         self.req_pool_indices[:b].copy_(fb.req_pool_indices)
-        self.seq_lens[:b].copy_(to_device(torch.tensor(fb.seq_lens, dtype=torch.int64), self.seq_lens.device))
         if bs > b:  # padding rows: token 0 at position 0 of row 0, K/V into the padding slot
             for buf in (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices):
                 buf[b:bs].zero_()
-            self.seq_lens[b:bs].fill_(1)
+        torch.add(self.positions[:bs], 1, out=self.seq_lens[:bs])  # a decode token's sequence ends with it
         if bs in self.graphs:
             graph, out = self.graphs[bs]
             graph.replay()

@@ -16,7 +16,7 @@ from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.attention import AttentionBackend
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
-from radixgen.runtime.models.packed_linear import pack_weight, packed_linear
+from radixgen.runtime.models.packed_linear import pack_parameter, pack_weight, packed_linear
 
 
 class Rotary(nn.Module):
@@ -56,10 +56,7 @@ class DecoderLayer(nn.Module):
 
     def pack_weights(self) -> None:
         """Replace the four matrices by oneDNN-packed copies (see `packed_linear`); one-way."""
-        for name in ("qkv", "o_proj", "gate_up", "down"):
-            param = getattr(self, name)
-            self._packed[name] = pack_weight(param.detach())
-            param.data = torch.empty(0, dtype=param.dtype, device=param.device)  # free the plain copy
+        self._packed = {name: pack_parameter(getattr(self, name)) for name in ("qkv", "o_proj", "gate_up", "down")}
 
     def _linear(self, x: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self._packed:
@@ -113,10 +110,8 @@ class LlamaModel(nn.Module):
         small batch than `F.linear` here. The embedding stays plain for the token lookup."""
         for layer in self.layers:
             layer.pack_weights()
-        head = self.embed if self.lm_head is None else self.lm_head
-        self._packed_head = pack_weight(head.detach())
-        if self.lm_head is not None:
-            self.lm_head.data = torch.empty(0, dtype=head.dtype, device=head.device)
+        # a tied head shares the embedding, which the token lookup still needs in plain layout
+        self._packed_head = pack_weight(self.embed.detach()) if self.lm_head is None else pack_parameter(self.lm_head)
 
     @torch.inference_mode()
     def forward(

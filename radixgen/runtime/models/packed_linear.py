@@ -23,6 +23,13 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
 
 
+def pack_parameter(param: torch.Tensor) -> torch.Tensor:
+    """`pack_weight` of a model parameter, whose plain storage is then freed (packing is one-way)."""
+    packed = pack_weight(param.detach())
+    param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+    return packed
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, in] @ W^T (+ bias) -> [M, out] with W from `pack_weight`."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
