@@ -43,6 +43,9 @@ class EngineConfig:
     """Attention: auto picks Triton kernels on GPU and the torch path on CPU."""
     disable_cuda_graph: bool = False
     """Launch decode steps kernel by kernel instead of replaying captured CUDA graphs (GPU only)."""
+    disable_block_kernels: bool = False
+    """Decode GGUF Q4_0/Q4_1/Q8_0 models through dense float32 copies of the weights instead of
+    float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
     seed: int = 0
     """Seed for requests that give none."""
     num_threads: int | None = None

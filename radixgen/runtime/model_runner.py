@@ -11,8 +11,10 @@ from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
-from radixgen.runtime.models.loader import load_model_weights
+from radixgen.runtime.models.block_gemm import library
+from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
 from radixgen.runtime.models.packed_linear import can_pack
+from radixgen.runtime.models.resolve import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -38,6 +40,10 @@ class ModelRunner:
         self.model.rotary.float()  # keep cos/sin tables in fp32
         if can_pack(self.device, self.dtype):
             self.model.pack_weights()
+        path = resolve_model_path(config.model)
+        if (path.suffix == ".gguf" and self.device.type == "cpu" and self.dtype == torch.float32
+                and not config.disable_block_kernels and library() is not None):
+            self.model.set_block_weights(load_gguf_blocks(path, model_config))
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(

@@ -15,6 +15,7 @@ from torch import nn
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.attention import AttentionBackend
 from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.models.block_gemm import BlockWeight, block_linear, concat_rows, use_blocks
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.packed_linear import pack_parameter, pack_weight, packed_linear
 
@@ -53,12 +54,28 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size))
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
         self._packed: dict[str, torch.Tensor] = {}  # oneDNN-packed copies of the matrices (CPU)
+        self._blocks: dict[str, BlockWeight] = {}  # GGUF-block copies for decoding (CPU float32)
 
     def pack_weights(self) -> None:
         """Replace the four matrices by oneDNN-packed copies (see `packed_linear`); one-way."""
         self._packed = {name: pack_parameter(getattr(self, name)) for name in ("qkv", "o_proj", "gate_up", "down")}
 
+    def set_block_weights(self, blocks: dict[str, BlockWeight], prefix: str) -> None:
+        """Keep GGUF-block copies of the matrices whose parts are all in `blocks` in one format."""
+        a = prefix + "self_attn."
+        parts = {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o_proj": [a + "o_proj"],
+                 "gate_up": [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"], "down": [prefix + "mlp.down_proj"]}
+        for name, hf_names in parts.items():
+            found = [blocks.get(n + ".weight") for n in hf_names]
+            fused = concat_rows(found) if all(found) else None
+            if fused is not None:
+                self._blocks[name] = fused
+
     def _linear(self, x: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
+        block = self._blocks.get(name)
+        if block is not None and use_blocks(x):
+            y = block_linear(x, block)
+            return y if bias is None else y + bias
         if self._packed:
             return packed_linear(x, self._packed[name], bias)
         return F.linear(x, getattr(self, name), bias)
@@ -104,6 +121,20 @@ class LlamaModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         self.rotary = Rotary(config, max_len)
         self._packed_head: torch.Tensor | None = None
+        self._block_head: BlockWeight | None = None
+
+    def set_block_weights(self, blocks: dict[str, BlockWeight]) -> None:
+        """Decode through GGUF-block copies of the matrices found in `blocks` (HF names); see
+        `block_gemm`. Larger batches (prefill) keep using the dense weights."""
+        for i, layer in enumerate(self.layers):
+            layer.set_block_weights(blocks, f"model.layers.{i}.")
+        head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
+        self._block_head = blocks.get(head)
+
+    @property
+    def block_weight_count(self) -> int:
+        """How many matrices have a block copy (layers' fused matrices plus the head)."""
+        return sum(len(layer._blocks) for layer in self.layers) + (self._block_head is not None)
 
     def pack_weights(self) -> None:
         """Prepack every matrix for oneDNN (CPU, float32/bfloat16): about 1.5-2x faster GEMMs at
@@ -133,6 +164,8 @@ class LlamaModel(nn.Module):
             h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
+        if self._block_head is not None and use_blocks(h):
+            return block_linear(h, self._block_head)  # [L, V]
         if self._packed_head is not None:
             return packed_linear(h, self._packed_head).float()  # [L, V]
         head = self.embed if self.lm_head is None else self.lm_head

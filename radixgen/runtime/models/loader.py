@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from radixgen.runtime.models.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, from_gguf
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 
@@ -93,6 +94,11 @@ def _unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
 
 
+def _unpermute_rows(out_dim: int, n_head: int) -> torch.Tensor:
+    """Row order of `_unpermute_rope` as an index: new row r is old row index[r]."""
+    return torch.arange(out_dim).reshape(n_head, out_dim // n_head // 2, 2).transpose(1, 2).reshape(-1)
+
+
 def _hf_name(gguf_name: str) -> str:
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
@@ -101,6 +107,26 @@ def _hf_name(gguf_name: str) -> str:
     if base in GGUF_TOP_NAMES:
         return f"{GGUF_TOP_NAMES[base]}.{suffix}"
     raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
+
+
+def load_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, BlockWeight]:
+    """The GGUF's Q4_0/Q4_1/Q8_0 matrices as BlockWeights (HF names, q/k rows un-permuted), read
+    without dequantizing; other tensors are left out (they run dense)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    blocks: dict[str, BlockWeight] = {}
+    for t in reader.tensors:
+        if t.tensor_type.name not in GGUF_BLOCK_BYTES or len(t.shape) != 2:
+            continue
+        name = _hf_name(t.name)
+        w = from_gguf(t.data, t.tensor_type.name)
+        if name.endswith("q_proj.weight"):
+            w = w.rows(_unpermute_rows(w.shape[0], config.num_heads))
+        elif name.endswith("k_proj.weight"):
+            w = w.rows(_unpermute_rows(w.shape[0], config.num_kv_heads))
+        blocks[name] = w
+    return blocks
 
 
 def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
