@@ -10,6 +10,7 @@ picks one of the two.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from radixgen.runtime import cpu_attention
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.transfer import to_device
 
@@ -39,6 +41,16 @@ class SdpaCall:
 
 
 @dataclass
+class DecodeCall:
+    """Decode requests attended by the C kernel (`cpu_attention`), K/V read through req_to_token."""
+
+    rows: torch.Tensor | None  # [b] rows of the flat sequence (None: all, in order)
+    req_to_token: torch.Tensor  # [R, L] int64
+    req_rows: torch.Tensor  # [b] int64 each request's row in req_to_token
+    seq_lens: torch.Tensor  # [b] int64 keys per request, its new token included
+
+
+@dataclass
 class AttentionMetadata:
     """Per-step index tensors shared by all layers.
 
@@ -50,25 +62,35 @@ class AttentionMetadata:
     branches) attend to that shared part in one call over K/V gathered once, and to the rest per
     request; the two partial results merge by their log-sum-exp (cascade attention). Without it,
     64 requests on a 1000-token cached prefix gathered the prefix's K/V 64 times per layer.
+
+    With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V).
     """
 
-    calls: list[SdpaCall]
+    calls: list[SdpaCall | DecodeCall]
 
     @classmethod
-    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
+    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False) -> AttentionMetadata:
         device = req_to_token.device
         decode = [i for i, e in enumerate(fb.extend_lens) if e == 1]
+        if len(decode) == fb.batch_size and c_decode:
+            seq_lens = torch.tensor([p + 1 for p in fb.prefix_lens], dtype=torch.int64)  # [B] (CPU)
+            return cls([DecodeCall(None, req_to_token, fb.req_pool_indices, seq_lens)])
         if not decode or len(decode) == fb.batch_size:
             return cls([_sdpa_call(fb.prefix_lens, fb.extend_lens, fb.req_pool_indices, None, req_to_token)])
         extend = [i for i, e in enumerate(fb.extend_lens) if e > 1]
         starts = [0, *itertools.accumulate(fb.extend_lens)][:-1]
-        calls = []
+        calls: list[SdpaCall | DecodeCall] = []
         for group in (decode, extend):
             rows = [r for i in group for r in range(starts[i], starts[i] + fb.extend_lens[i])]
             req_idx = to_device(torch.tensor(group, dtype=torch.int64), device)  # [b]
+            req_rows, row_index = fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device)
+            if group is decode and c_decode:
+                seq_lens = torch.tensor([fb.prefix_lens[i] + 1 for i in group], dtype=torch.int64)  # [b]
+                calls.append(DecodeCall(row_index, req_to_token, req_rows, seq_lens))
+                continue
             calls.append(_sdpa_call(
-                [fb.prefix_lens[i] for i in group], [fb.extend_lens[i] for i in group],
-                fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device), req_to_token,
+                [fb.prefix_lens[i] for i in group], [fb.extend_lens[i] for i in group], req_rows, row_index,
+                req_to_token,
             ))
         return cls(calls)
 
@@ -138,11 +160,19 @@ def attention(
 ) -> torch.Tensor:  # [T, H * D]
     t, h, d = q.shape
     if len(meta.calls) == 1 and meta.calls[0].rows is None:
-        return _sdpa(q, k_buffer, v_buffer, meta.calls[0], scale)
+        return _run(q, k_buffer, v_buffer, meta.calls[0], scale)
     out = q.new_empty((t, h * d))
     for call in meta.calls:
-        out.index_copy_(0, call.rows, _sdpa(q.index_select(0, call.rows), k_buffer, v_buffer, call, scale))
+        out.index_copy_(0, call.rows, _run(q.index_select(0, call.rows), k_buffer, v_buffer, call, scale))
     return out
+
+
+def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall,
+         scale: float) -> torch.Tensor:  # [n, H * D]
+    if isinstance(call, DecodeCall):
+        return cpu_attention.decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
+                                              call.seq_lens, scale)
+    return _sdpa(q, k_buffer, v_buffer, call, scale)
 
 
 def _sdpa(
@@ -212,14 +242,18 @@ class AttentionBackend:
     forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float], torch.Tensor]
 
 
-def get_attention_backend(name: str, device: torch.device) -> AttentionBackend:
-    """`auto` -> Triton kernels on CUDA, torch on CPU. Triton on CPU needs TRITON_INTERPRET=1."""
+def get_attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype | None = None) -> AttentionBackend:
+    """`auto` -> Triton kernels on CUDA, torch on CPU. Triton on CPU needs TRITON_INTERPRET=1.
+    The torch backend runs decode rows through the C kernel when `kv_dtype` allows it (see
+    `cpu_attention.available`); `torch-sdpa` forces SDPA for them."""
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch":
+    if name == "torch" and cpu_attention.available(device, kv_dtype):
+        return AttentionBackend("torch", functools.partial(AttentionMetadata.build, c_decode=True), attention)
+    if name in ("torch", "torch-sdpa"):
         return AttentionBackend("torch", AttentionMetadata.build, attention)
     if name != "triton":
-        raise ValueError(f"attention_backend={name!r} is invalid: must be auto, torch or triton")
+        raise ValueError(f"attention_backend={name!r} is invalid: must be auto, torch, torch-sdpa or triton")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU, "
                          "for tests); use 'torch' on CPU")

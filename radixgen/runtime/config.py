@@ -39,8 +39,9 @@ class EngineConfig:
     """Sample every token of constrained outputs even where the grammar allows one continuation."""
     sampling_backend: Literal["auto", "torch", "triton"] = "auto"
     """Sampler: auto picks the fused Triton kernel on GPU and the torch path on CPU."""
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    """Attention: auto picks Triton kernels on GPU and the torch path on CPU."""
+    attention_backend: Literal["auto", "torch", "torch-sdpa", "triton"] = "auto"
+    """Attention: auto picks Triton kernels on GPU and the torch path on CPU (decode rows in our C
+    kernel where it builds; torch-sdpa keeps them in torch's SDPA too)."""
     disable_cuda_graph: bool = False
     """Launch decode steps kernel by kernel instead of replaying captured CUDA graphs (GPU only)."""
     disable_block_kernels: bool = False
@@ -61,7 +62,8 @@ class EngineConfig:
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
             ("grammar_backend", self.grammar_backend in ("xgrammar", "outlines"), "xgrammar or outlines"),
             ("sampling_backend", self.sampling_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
-            ("attention_backend", self.attention_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
+            ("attention_backend", self.attention_backend in ("auto", "torch", "torch-sdpa", "triton"),
+             "auto, torch, torch-sdpa or triton"),
         ]
         for name, ok, allowed in checks:
             if not ok:

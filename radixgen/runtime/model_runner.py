@@ -9,9 +9,9 @@ from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.models.block_gemm import library
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
-from radixgen.runtime.models.block_gemm import library
 from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
 from radixgen.runtime.models.packed_linear import can_pack
 from radixgen.runtime.models.resolve import resolve_model_path
@@ -25,8 +25,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.engine_config = config
         self.device = torch.device(config.device)
-        self.attention = get_attention_backend(config.attention_backend, self.device)
         self.dtype = DTYPES[config.dtype]
+        self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         model_config, weights = load_model_weights(config.model)

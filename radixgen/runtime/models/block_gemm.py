@@ -2,14 +2,13 @@
 
 A decode step multiplies a handful of activation rows by every weight matrix, so its speed is the
 speed of streaming the weights. A Q4_1 matrix dequantized to float32 is 4 bytes a weight; kept in
-its blocks it is 0.56. `csrc/block_gemm.c` widens the blocks in registers and does all math in
+its blocks it is 0.56. `runtime/csrc/block_gemm.c` widens the blocks in registers and does all math in
 float32 (the weights are exactly the float32 values the gguf package dequantizes to), so results
 match a dense float32 GEMM up to summation order. SmolLM2-135M, all matrices, 2 threads: batch 1
 6.7 ms vs 27 ms for oneDNN on the dense weights, batch 4 12.8 vs 28 ms; from about 8 rows the dense
 GEMM wins (it becomes compute-bound), so `use_blocks` routes only up to BLOCK_MAX_ROWS rows here.
 
-The C file is compiled on first use with the system C compiler (`CC`, default `cc`) for this CPU
-and cached beside the other converted artifacts; `library()` returns None if that fails, and the
+The C file is built on first use (`cpu_kernels`); `library()` returns None if that fails, and the
 model then runs dense GEMMs only.
 """
 
@@ -17,24 +16,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-logger = logging.getLogger(__name__)
+from radixgen.runtime import cpu_kernels
 
-SOURCE = Path(__file__).parent / "csrc" / "block_gemm.c"
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 4  # activation rows up to which the block kernel beats the dense GEMM
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 # bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
@@ -98,37 +88,14 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
                        cat([p.minv for p in parts]))
 
 
-def _build_key(cc: str) -> str:
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join([cc, *FLAGS, platform.machine()]).encode())
-    try:  # -march=native: the binary is for this CPU model
-        h.update(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).encode())
-    except (OSError, StopIteration):
-        pass
-    return h.hexdigest()[:16]
-
-
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel (built once per source/CPU, cached), or None if no compiler can build it."""
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        logger.warning("no C compiler found (set CC): GGUF block kernels are off, dense GEMMs only")
-        return None
-    root = Path(os.environ.get("RADIXGEN_CACHE", Path.home() / ".cache" / "radixgen")) / "kernels"
-    out = root / f"block_gemm-{_build_key(cc)}.so"
-    if not out.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".tmp{os.getpid()}.so")
-        proc = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            logger.warning("building %s failed, GGUF block kernels are off:\n%s", SOURCE.name, proc.stderr[-2000:])
-            return None
-        os.replace(tmp, out)
-    lib = ctypes.CDLL(str(out))  # torch is loaded first, so its libgomp (same soname) serves this library
-    lib.block_gemm.restype = ctypes.c_int
-    lib.block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    """The compiled kernel, or None if no compiler can build it (see `cpu_kernels.load`)."""
+    lib = cpu_kernels.load("block_gemm")
+    if lib is not None:
+        lib.block_gemm.restype = ctypes.c_int
+        lib.block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     return lib
 
 

@@ -1,0 +1,212 @@
+/* Decode attention on CPU: each request's one new query token attends to all of its tokens' K/V,
+ * read in place by KV slot through its req_to_token row (no gathered K/V copy, no padding).
+ *
+ * Work items are (request, KV head) pairs, split over OpenMP threads. An item computes the scores
+ * of the head group's G query heads against each key (K read once for the group), a float32
+ * softmax per head, and the weighted sum of V (V read once for the group). K/V are float32 or
+ * bfloat16 (widened to float32); q and the output are float32.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
+
+/* Prefetch the `bytes` of one key's head row starting at element `base`. */
+static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int bf16) {
+    const char *p = (const char *)buf + base * (bf16 ? 2 : 4);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
+static inline float load1(const void *p, int64_t i, int bf16) {
+    if (!bf16) return ((const float *)p)[i];
+    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#ifdef __AVX2__
+static inline __m256 load8(const void *p, int64_t i, int bf16) {
+    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (Cephes expf: Cody-Waite reduction by ln 2, degree-6 polynomial), ~1e-7 relative. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* p[0..n) = exp(p - max), returns their sum. */
+static float exp_sum(float *p, int64_t n, float max) {
+    int64_t s = 0;
+    float sum = 0.0f;
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    const __m256 m = _mm256_set1_ps(max);
+    for (; s + 8 <= n; s += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + s), m));
+        _mm256_storeu_ps(p + s, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum(acc);
+#endif
+    for (; s < n; s++) {
+        p[s] = expf(p[s] - max);
+        sum += p[s];
+    }
+    return sum;
+}
+
+#define GMAX 4  /* query heads handled together (their accumulators stay in registers) */
+
+/* scores[g * S + s] = scale * dot(q_g, k_s) for g < G heads of one group; each K row is read once. */
+static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
+                                                           const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                           int64_t row_elems, float scale, int bf16, float *scores) {
+    const int64_t bytes = D * (bf16 ? 2 : 4);
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t base = slots[s] * row_elems + hkv * D;
+        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+#ifdef __AVX2__
+        if (D % 8 == 0) {
+            __m256 a[GMAX];
+            for (int g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 k = load8(k_buf, base + d, bf16);
+                for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), k, a[g]);
+            }
+            for (int g = 0; g < G; g++) scores[g * S + s] = scale * hsum(a[g]);
+            continue;
+        }
+#endif
+        for (int g = 0; g < G; g++) {
+            float a = 0.0f;
+            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, bf16);
+            scores[g * S + s] = scale * a;
+        }
+    }
+}
+
+/* out[g] = sum_s probs[g * S + s] * v_s for g < G heads of one group (out zeroed by the caller). */
+static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, const void *v_buf,
+                                                           const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                           int64_t row_elems, int bf16, float *out) {
+    const int64_t bytes = D * (bf16 ? 2 : 4);
+#ifdef __AVX2__
+    if (D % 16 == 0) {
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
+            __m256 a[GMAX][2];
+            for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
+            for (int64_t s = 0; s < S; s++) {
+                const int64_t base = slots[s] * row_elems + hkv * D + d0;
+                if (d0 == 0 && s + PREFETCH_AHEAD < S)
+                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+                const __m256 v0 = load8(v_buf, base, bf16), v1 = load8(v_buf, base + 8, bf16);
+                for (int g = 0; g < G; g++) {
+                    const __m256 p = _mm256_broadcast_ss(probs + g * S + s);
+                    a[g][0] = _mm256_fmadd_ps(p, v0, a[g][0]);
+                    a[g][1] = _mm256_fmadd_ps(p, v1, a[g][1]);
+                }
+            }
+            for (int g = 0; g < G; g++) {
+                _mm256_storeu_ps(out + g * D + d0, a[g][0]);
+                _mm256_storeu_ps(out + g * D + d0 + 8, a[g][1]);
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t base = slots[s] * row_elems + hkv * D;
+        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+        for (int64_t d = 0; d < D; d++) {
+            const float v = load1(v_buf, base + d, bf16);
+            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * v;
+        }
+    }
+}
+
+/* Scores (pass 1) or values (pass 2) of heads g0 .. g0 + n (n <= GMAX) with a compile-time head count. */
+static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf, const int64_t *slots, int64_t S,
+                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int bf16, float *out) {
+#define HEADS_CASE(N)                                                                                  \
+    case N:                                                                                            \
+        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, bf16, out);    \
+        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, bf16, out);                     \
+        return;
+    switch (n) {
+        HEADS_CASE(1)
+        HEADS_CASE(2)
+        HEADS_CASE(3)
+        HEADS_CASE(4)
+    }
+#undef HEADS_CASE
+}
+
+/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] float32 (bf16 = 0) or bfloat16 (bf16 = 1);
+ * request b's keys are slots req_to_token[rows[b] * table_stride + 0 .. seq_lens[b]). H % Hkv == 0.
+ * Returns 0, or -1 on bad sizes or when the score buffers cannot be allocated. */
+int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
+                     int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t B, int64_t H,
+                     int64_t Hkv, int64_t D, float scale, float *out, int nthreads) {
+    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1) return -1;
+    const int64_t G = H / Hkv;
+    int64_t s_max = 1;
+    for (int64_t b = 0; b < B; b++) {
+        if (seq_lens[b] < 1 || seq_lens[b] > table_stride) return -1;
+        if (seq_lens[b] > s_max) s_max = seq_lens[b];
+    }
+    float *bufs = (float *)malloc(sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
+    if (bufs == NULL) return -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t item = 0; item < B * Hkv; item++) {
+        const int64_t b = item / Hkv, hkv = item % Hkv, S = seq_lens[b];
+        const int64_t *slots = req_to_token + rows[b] * table_stride;
+        float *scores = bufs + (size_t)omp_get_thread_num() * (size_t)(G * s_max);  /* [G, S] */
+        const float *qg = q + (b * H + hkv * G) * D;  /* [G, D] */
+        float *og = out + (b * H + hkv * G) * D;
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, k_buf, slots, S, hkv, D, Hkv * D, scale,
+                       bf16, scores + g0 * S);
+        for (int64_t g = 0; g < G; g++) {
+            float *p = scores + g * S, max = p[0];
+            for (int64_t s = 1; s < S; s++) max = p[s] > max ? p[s] : max;
+            const float inv = 1.0f / exp_sum(p, S, max);
+            for (int64_t s = 0; s < S; s++) p[s] *= inv;
+        }
+        memset(og, 0, sizeof(float) * (size_t)(G * D));
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+            heads_pass(2, (int)(G - g0 < GMAX ? G - g0 : GMAX), scores + g0 * S, v_buf, slots, S, hkv, D, Hkv * D, 0.0f,
+                       bf16, og + g0 * D);
+    }
+    free(bufs);
+    return 0;
+}
