@@ -63,7 +63,10 @@ class AttentionMetadata:
     request; the two partial results merge by their log-sum-exp (cascade attention). Without it,
     64 requests on a 1000-token cached prefix gathered the prefix's K/V 64 times per layer.
 
-    With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V).
+    With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V),
+    unless they share a cached prefix: cascade attention then reads it once for all of them, where
+    the kernel would read it per request (16 decodes on a shared 1000-token prefix: ~0.5 vs ~2 ms a
+    layer).
     """
 
     calls: list[SdpaCall | DecodeCall]
@@ -72,7 +75,8 @@ class AttentionMetadata:
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False) -> AttentionMetadata:
         device = req_to_token.device
         decode = [i for i, e in enumerate(fb.extend_lens) if e == 1]
-        if len(decode) == fb.batch_size and c_decode:
+        if len(decode) == fb.batch_size and c_decode and not _shared_prefix(req_to_token, fb.req_pool_indices,
+                                                                            fb.prefix_lens):
             seq_lens = torch.tensor([p + 1 for p in fb.prefix_lens], dtype=torch.int64)  # [B] (CPU)
             return cls([DecodeCall(None, req_to_token, fb.req_pool_indices, seq_lens)])
         if not decode or len(decode) == fb.batch_size:
@@ -84,14 +88,12 @@ class AttentionMetadata:
             rows = [r for i in group for r in range(starts[i], starts[i] + fb.extend_lens[i])]
             req_idx = to_device(torch.tensor(group, dtype=torch.int64), device)  # [b]
             req_rows, row_index = fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device)
-            if group is decode and c_decode:
+            prefix_lens = [fb.prefix_lens[i] for i in group]
+            if group is decode and c_decode and not _shared_prefix(req_to_token, req_rows, prefix_lens):
                 seq_lens = torch.tensor([fb.prefix_lens[i] + 1 for i in group], dtype=torch.int64)  # [b]
                 calls.append(DecodeCall(row_index, req_to_token, req_rows, seq_lens))
                 continue
-            calls.append(_sdpa_call(
-                [fb.prefix_lens[i] for i in group], [fb.extend_lens[i] for i in group], req_rows, row_index,
-                req_to_token,
-            ))
+            calls.append(_sdpa_call(prefix_lens, [fb.extend_lens[i] for i in group], req_rows, row_index, req_to_token))
         return cls(calls)
 
 

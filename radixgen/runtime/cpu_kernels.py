@@ -29,6 +29,8 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 def _build_key(source: Path, cc: str) -> str:
     h = hashlib.sha256(source.read_bytes())
+    for header in sorted(CSRC.glob("*.h")):
+        h.update(header.read_bytes())
     h.update(" ".join([cc, *FLAGS, platform.machine()]).encode())
     try:  # -march=native: the binary is for this CPU model
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixgen.runtime import cpu_layer_ops
 from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
@@ -40,6 +41,8 @@ class ModelRunner:
         self.model.rotary.float()  # keep cos/sin tables in fp32
         if can_pack(self.device, self.dtype):
             self.model.pack_weights()
+        if cpu_layer_ops.available(self.device, self.dtype):
+            self.model.use_fused_ops()
         path = resolve_model_path(config.model)
         if (path.suffix == ".gguf" and self.device.type == "cpu" and self.dtype == torch.float32
                 and not config.disable_block_kernels and library() is not None):

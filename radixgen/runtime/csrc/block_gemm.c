@@ -13,21 +13,12 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "simd_math.h"
 
 #define QK 32
 #define MR 4
 
 #ifdef __AVX2__
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* The four 8-weight chunks of a block as floats (q, not yet scaled). */
 static inline void block_q(int bits, const uint8_t *q, __m256 out[4]) {
     if (bits == 4) {

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
+from radixgen.runtime import cpu_layer_ops
 from radixgen.runtime.attention import AttentionBackend
 from radixgen.runtime.forward_batch import ForwardBatch
 from radixgen.runtime.models.block_gemm import BlockWeight, block_linear, concat_rows, use_blocks
@@ -55,6 +56,7 @@ class DecoderLayer(nn.Module):
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
         self._packed: dict[str, torch.Tensor] = {}  # oneDNN-packed copies of the matrices (CPU)
         self._blocks: dict[str, BlockWeight] = {}  # GGUF-block copies for decoding (CPU float32)
+        self.fused_ops = False  # per-token ops through `cpu_layer_ops` (CPU float32, no q/k norm)
 
     def pack_weights(self) -> None:
         """Replace the four matrices by oneDNN-packed copies (see `packed_linear`); one-way."""
@@ -91,6 +93,8 @@ class DecoderLayer(nn.Module):
         meta: object,
         pool: TokenToKVPool,
     ) -> torch.Tensor:
+        if self.fused_ops:
+            return self._forward_fused(h, rotary, fb, attn, meta, pool)
         t = h.shape[0]
         x = F.rms_norm(h, (h.shape[-1],), self.input_norm, self.eps)
         qkv = self._linear(x, "qkv", self.qkv_bias)  # [T, q + 2 kv]
@@ -108,6 +112,20 @@ class DecoderLayer(nn.Module):
         gate, up = self._linear(x, "gate_up").chunk(2, dim=-1)  # [T, inter] each
         return h + self._linear(F.silu(gate) * up, "down")
 
+    def _forward_fused(self, h: torch.Tensor, rotary: Rotary, fb: ForwardBatch, attn: AttentionBackend, meta: object,
+                       pool: TokenToKVPool) -> torch.Tensor:
+        """`forward` with the per-token ops fused in C; h [T, hidden] is updated in place."""
+        t = h.shape[0]
+        ops = cpu_layer_ops
+        qkv = self._linear(ops.add_rms_norm(h, self.input_norm, self.eps), "qkv", self.qkv_bias)  # [T, q + 2 kv]
+        k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
+        ops.rope_store(qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, fb.positions,
+                       fb.out_cache_loc, k_buf, v_buf)
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        o = attn.forward(q, k_buf, v_buf, meta, self.scale)  # [T, q]
+        x = ops.add_rms_norm(h, self.post_attn_norm, self.eps, delta=self._linear(o, "o_proj"))  # h += o_proj(o)
+        return h.add_(self._linear(ops.silu_mul(self._linear(x, "gate_up")), "down"))
+
 
 class LlamaModel(nn.Module):
     """Decoder-only transformer; `forward` returns logits for `fb.logits_indices` rows."""
@@ -122,6 +140,12 @@ class LlamaModel(nn.Module):
         self.rotary = Rotary(config, max_len)
         self._packed_head: torch.Tensor | None = None
         self._block_head: BlockWeight | None = None
+
+    def use_fused_ops(self) -> None:
+        """Run the per-token ops of every layer through `cpu_layer_ops` (CPU, float32; layers with
+        q/k norms keep the torch path)."""
+        for layer in self.layers:
+            layer.fused_ops = layer.q_norm is None
 
     def set_block_weights(self, blocks: dict[str, BlockWeight]) -> None:
         """Decode through GGUF-block copies of the matrices found in `blocks` (HF names); see

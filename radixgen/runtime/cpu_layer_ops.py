@@ -1,0 +1,74 @@
+"""Fused per-token layer ops for the float32 CPU forward (`csrc/layer_ops.c`): residual add +
+RMSNorm, SiLU(gate) * up, and rotary embedding + K/V store. Each replaces several torch ops whose
+dispatch, not arithmetic, dominates at decode batch sizes."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from radixgen.runtime import cpu_kernels
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    lib = cpu_kernels.load("layer_ops")
+    if lib is not None:
+        lib.add_rms_norm.argtypes = [_P, _P, _P, _I, _I, _F, _P, ctypes.c_int]
+        lib.silu_mul.argtypes = [_P, _I, _I, _P, ctypes.c_int]
+        lib.rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int]
+        for fn in (lib.add_rms_norm, lib.silu_mul, lib.rope_store):
+            fn.restype = None
+    return lib
+
+
+def available(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.float32 and library() is not None
+
+
+def _check(name: str, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.device.type != "cpu" or not t.is_contiguous():
+            raise ValueError(f"{name}: tensors must be contiguous CPU tensors")
+
+
+def add_rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:
+    """h [T, n] float32 (updated in place to h + delta when delta is given) -> RMSNorm(h) * weight [T, n]."""
+    _check("add_rms_norm", h, weight, *([delta] if delta is not None else []))
+    t, n = h.shape
+    out = torch.empty_like(h)
+    library().add_rms_norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), t, n, eps,
+                           out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 I] = [gate | up] float32 -> silu(gate) * up [T, I]."""
+    _check("silu_mul", gate_up)
+    t, two_i = gate_up.shape
+    out = gate_up.new_empty((t, two_i // 2))
+    library().silu_mul(gate_up.data_ptr(), t, two_i // 2, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def rope_store(
+    qkv: torch.Tensor,  # [T, (H + 2 Hkv) D] float32, rotated in place
+    heads: int,
+    kv_heads: int,
+    cos: torch.Tensor,  # [P, D/2]
+    sin: torch.Tensor,  # [P, D/2]
+    positions: torch.Tensor,  # [T] int64
+    loc: torch.Tensor,  # [T] int64 KV slots
+    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    v_buffer: torch.Tensor,  # [N, Hkv, D]
+) -> None:
+    """Rotary embedding of q and k heads (in place) and the store of k, v at their KV slots."""
+    _check("rope_store", qkv, cos, sin, positions, loc, k_buffer, v_buffer)
+    t = qkv.shape[0]
+    d = k_buffer.shape[2]
+    library().rope_store(qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
+                         loc.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), torch.get_num_threads())

@@ -1,0 +1,69 @@
+"""The fused C layer ops against the torch formulas they replace (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixgen.runtime import cpu_layer_ops
+from radixgen.runtime.models.llama import Rotary
+
+pytestmark = pytest.mark.skipif(cpu_layer_ops.library() is None, reason="no C compiler to build the kernels")
+
+
+@pytest.mark.parametrize("t,n", [(1, 576), (5, 64), (3, 100), (200, 512)])  # 200 x 512: the threaded path
+def test_add_rms_norm(t, n):
+    g = torch.Generator().manual_seed(t * n)
+    h, delta = (torch.randn(t, n, generator=g) * 3 for _ in range(2))
+    w = torch.randn(n, generator=g)
+    expect_h = h + delta
+    expect = F.rms_norm(expect_h, (n,), w, 1e-5)
+    h_plain = h.clone()
+    torch.testing.assert_close(cpu_layer_ops.add_rms_norm(h_plain, w, 1e-5), F.rms_norm(h, (n,), w, 1e-5))
+    assert torch.equal(h_plain, h)  # no delta: h untouched
+    out = cpu_layer_ops.add_rms_norm(h, w, 1e-5, delta=delta)
+    assert torch.equal(h, expect_h)
+    torch.testing.assert_close(out, expect, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("t,inter", [(1, 1536), (4, 20), (64, 1536)])
+def test_silu_mul(t, inter):
+    gu = torch.randn(t, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 6
+    gu[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -87.5])  # saturated ends of the sigmoid
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_layer_ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (6, 2, 80)])
+def test_rope_store(heads, kv_heads, head_dim):
+    from radixgen.runtime.models.config import ModelConfig
+
+    cfg = ModelConfig(arch="llama", vocab_size=10, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
+                      num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, max_position_embeddings=512)
+    rot = Rotary(cfg, 512)
+    g = torch.Generator().manual_seed(heads)
+    t = 7
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g)
+    positions = torch.tensor([0, 1, 5, 100, 511, 3, 3])
+    loc = torch.randperm(40, generator=g)[:t] + 1
+    k_buf, v_buf = torch.zeros(41, kv_heads, head_dim), torch.zeros(41, kv_heads, head_dim)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    cos = rot.cos.index_select(0, positions)[:, None]
+    sin = rot.sin.index_select(0, positions)[:, None]
+    q_ref = rot(q.reshape(t, heads, head_dim), cos, sin)
+    k_ref = rot(k.reshape(t, kv_heads, head_dim), cos, sin)
+    v_ref = v.reshape(t, kv_heads, head_dim).clone()
+    cpu_layer_ops.rope_store(qkv, heads, kv_heads, rot.cos, rot.sin, positions, loc, k_buf, v_buf)
+    torch.testing.assert_close(qkv[:, : heads * head_dim].view(t, heads, head_dim), q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_buf[loc], k_ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(v_buf[loc], v_ref)
+    untouched = torch.ones(41, dtype=torch.bool)
+    untouched[loc] = False
+    assert not k_buf[untouched].any() and not v_buf[untouched].any()
+
+
+def test_rejects_non_contiguous():
+    with pytest.raises(ValueError, match="contiguous"):
+        cpu_layer_ops.silu_mul(torch.randn(8, 4).t())
