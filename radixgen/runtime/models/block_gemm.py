@@ -45,7 +45,7 @@ class BlockWeight:
 
     def rows(self, index: torch.Tensor) -> BlockWeight:
         """The weight with its rows reordered/selected by `index` ([n'] int64)."""
-        pick = lambda t: None if t is None else t.index_select(0, index).contiguous()  # noqa: E731
+        pick = lambda t: None if t is None else t.index_select(0, index).contiguous()
         return BlockWeight(self.bits, pick(self.qs), pick(self.scale), pick(self.minv))
 
     def dequantize(self) -> torch.Tensor:
@@ -83,7 +83,7 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
     """Stack weights along rows (fused q/k/v or gate/up); None if their formats differ."""
     if len({(p.bits, p.shape[1]) for p in parts}) != 1:
         return None
-    cat = lambda ts: None if ts[0] is None else torch.cat(ts)  # noqa: E731
+    cat = lambda ts: None if ts[0] is None else torch.cat(ts)
     return BlockWeight(parts[0].bits, cat([p.qs for p in parts]), cat([p.scale for p in parts]),
                        cat([p.minv for p in parts]))
 
