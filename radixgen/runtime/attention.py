@@ -48,6 +48,14 @@ class DecodeCall:
     req_to_token: torch.Tensor  # [R, L] int64
     req_rows: torch.Tensor  # [b] int64 each request's row in req_to_token
     seq_lens: torch.Tensor  # [b] int64 keys per request, its new token included
+    shared: torch.Tensor | None = None  # [C] KV slots all requests start with (cascade), or None
+
+    @classmethod
+    def build(cls, rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+              prefix_lens: list[int]) -> DecodeCall:
+        seq_lens = torch.tensor([p + 1 for p in prefix_lens], dtype=torch.int64)  # [b] (CPU)
+        c = _shared_prefix(req_to_token, req_rows, prefix_lens) if cpu_attention.shared_prefix_supported() else 0
+        return cls(rows, req_to_token, req_rows, seq_lens, req_to_token[req_rows[0], :c] if c else None)
 
 
 @dataclass
@@ -63,10 +71,9 @@ class AttentionMetadata:
     request; the two partial results merge by their log-sum-exp (cascade attention). Without it,
     64 requests on a 1000-token cached prefix gathered the prefix's K/V 64 times per layer.
 
-    With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V),
-    unless they share a cached prefix: cascade attention then reads it once for all of them, where
-    the kernel would read it per request (16 decodes on a shared 1000-token prefix: ~0.5 vs ~2 ms a
-    layer).
+    With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V);
+    a prefix they all share is attended by batched GEMMs for all of them at once and merged
+    (`cpu_attention.shared_prefix_decode_attention`).
     """
 
     calls: list[SdpaCall | DecodeCall]
@@ -75,10 +82,8 @@ class AttentionMetadata:
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False) -> AttentionMetadata:
         device = req_to_token.device
         decode = [i for i, e in enumerate(fb.extend_lens) if e == 1]
-        if len(decode) == fb.batch_size and c_decode and not _shared_prefix(req_to_token, fb.req_pool_indices,
-                                                                            fb.prefix_lens):
-            seq_lens = torch.tensor([p + 1 for p in fb.prefix_lens], dtype=torch.int64)  # [B] (CPU)
-            return cls([DecodeCall(None, req_to_token, fb.req_pool_indices, seq_lens)])
+        if len(decode) == fb.batch_size and c_decode:
+            return cls([DecodeCall.build(None, req_to_token, fb.req_pool_indices, fb.prefix_lens)])
         if not decode or len(decode) == fb.batch_size:
             return cls([_sdpa_call(fb.prefix_lens, fb.extend_lens, fb.req_pool_indices, None, req_to_token)])
         extend = [i for i, e in enumerate(fb.extend_lens) if e > 1]
@@ -89,9 +94,8 @@ class AttentionMetadata:
             req_idx = to_device(torch.tensor(group, dtype=torch.int64), device)  # [b]
             req_rows, row_index = fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device)
             prefix_lens = [fb.prefix_lens[i] for i in group]
-            if group is decode and c_decode and not _shared_prefix(req_to_token, req_rows, prefix_lens):
-                seq_lens = torch.tensor([fb.prefix_lens[i] + 1 for i in group], dtype=torch.int64)  # [b]
-                calls.append(DecodeCall(row_index, req_to_token, req_rows, seq_lens))
+            if group is decode and c_decode:
+                calls.append(DecodeCall.build(row_index, req_to_token, req_rows, prefix_lens))
                 continue
             calls.append(_sdpa_call(prefix_lens, [fb.extend_lens[i] for i in group], req_rows, row_index, req_to_token))
         return cls(calls)
@@ -171,6 +175,9 @@ def attention(
 
 def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall,
          scale: float) -> torch.Tensor:  # [n, H * D]
+    if isinstance(call, DecodeCall) and call.shared is not None:
+        return cpu_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
+                                                            call.seq_lens, call.shared, scale)
     if isinstance(call, DecodeCall):
         return cpu_attention.decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                               call.seq_lens, scale)

@@ -25,8 +25,16 @@ def library() -> ctypes.CDLL | None:
         lib.decode_attention.argtypes = [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-            ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+            ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
         ]
+        lib.shared_prefix_attention.restype = ctypes.c_int
+        lib.shared_prefix_attention.argtypes = [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_int,
+        ]
+        lib.shared_prefix_supported.restype = ctypes.c_int
+        lib.shared_prefix_supported.argtypes = []
     return lib
 
 
@@ -43,7 +51,12 @@ def decode_attention(
     rows: torch.Tensor,  # [B] int64 row of each request in req_to_token
     seq_lens: torch.Tensor,  # [B] int64 keys of each request (its new token included)
     scale: float,
-) -> torch.Tensor:  # [B, H * D], q's dtype
+    start: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """[B, H * D] in q's dtype: attention over each request's keys start .. seq_len. With
+    `return_lse`: (out [B, H, D] float32, log-sum-exp of the scores [B, H] float32), to merge with
+    attention over the first `start` keys."""
     b, h, d = q.shape
     h_kv = k_buffer.shape[1]
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
@@ -55,13 +68,50 @@ def decode_attention(
         raise RuntimeError("decode_attention: the C kernel could not be built (see the log)")
     qf = q.float().contiguous()
     out = torch.empty((b, h, d), dtype=torch.float32)
+    lse = torch.empty((b, h), dtype=torch.float32) if return_lse else None
     rows, seq_lens = rows.contiguous(), seq_lens.contiguous()
     rc = lib.decode_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), int(k_buffer.dtype == torch.bfloat16),
-        req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(), b, h, h_kv, d,
-        scale, out.data_ptr(), torch.get_num_threads(),
+        req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(), start, b, h, h_kv, d,
+        scale, out.data_ptr(), None if lse is None else lse.data_ptr(), torch.get_num_threads(),
     )
     if rc != 0:
         raise RuntimeError(f"decode_attention failed (heads {h}/{h_kv}, or a sequence length outside "
-                           f"1..{req_to_token.shape[1]})")
+                           f"{start + 1}..{req_to_token.shape[1]})")
+    if lse is not None:
+        return out, lse
+    return out.view(b, h * d).to(q.dtype)
+
+
+def shared_prefix_supported() -> bool:
+    """Whether the shared-prefix (cascade) kernel is built in (it needs AVX2)."""
+    lib = library()
+    return lib is not None and bool(lib.shared_prefix_supported())
+
+
+def shared_prefix_decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    v_buffer: torch.Tensor,  # [N, Hkv, D]
+    req_to_token: torch.Tensor,  # [R, L] int64
+    rows: torch.Tensor,  # [B] int64
+    seq_lens: torch.Tensor,  # [B] int64
+    shared: torch.Tensor,  # [C] int64 KV slots every request starts with
+    scale: float,
+) -> torch.Tensor:  # [B, H * D], q's dtype
+    """Cascade decode attention: every request's queries against the shared prefix together (each
+    shared key read once per 24 queries, outer products), the rest per request, merged by
+    log-sum-exp. 16 decodes on a shared 1000-token prefix: the per-request kernel alone re-reads the
+    prefix 16 times."""
+    b, h, d = q.shape
+    out, lse_own = decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, start=shared.numel(),
+                                    return_lse=True)  # [B, H, D], [B, H]
+    shared, qf = shared.contiguous(), q.float().contiguous()  # held: the C call reads their memory
+    rc = library().shared_prefix_attention(
+        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
+        int(k_buffer.dtype == torch.bfloat16), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
+        out.data_ptr(), lse_own.data_ptr(), torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"shared_prefix_attention failed (heads {h}/{k_buffer.shape[1]}, head dim {d})")
     return out.view(b, h * d).to(q.dtype)

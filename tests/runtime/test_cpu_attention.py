@@ -83,3 +83,33 @@ def test_engine_c_decode_equals_sdpa(tiny_models):
         finally:
             eng.shutdown()
     assert outs["torch"] == outs["torch-sdpa"]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,batch", [(9, 3, 64, 16), (8, 2, 32, 3), (4, 4, 16, 2), (6, 1, 48, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shared_prefix_decode_matches_naive(heads, kv_heads, head_dim, batch, dtype):
+    """Cascade: a shared prefix of scattered slots (query groups of 24 split across requests and
+    heads) plus own keys of different lengths per request."""
+    if not cpu_attention.shared_prefix_supported():
+        pytest.skip("the shared-prefix kernel needs AVX2")
+    g = torch.Generator().manual_seed(batch * heads)
+    c = 97
+    own = (torch.arange(batch) * 7) % 23 + 1  # own keys incl. the new token, >= 1
+    n_slots = c + int(own.sum()) + 10
+    k_buf = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
+    v_buf = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    free = torch.randperm(n_slots - 1, generator=g) + 1
+    table = torch.zeros(batch + 2, 200, dtype=torch.int64)
+    rows = torch.randperm(batch + 2, generator=g)[:batch]
+    start = c
+    for r, n in zip(rows.tolist(), own.tolist(), strict=True):
+        table[r, :c] = free[:c]
+        table[r, c : c + n] = free[start : start + n]
+        start += n
+    lens = c + own
+    q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
+    scale = head_dim**-0.5
+    out = cpu_attention.shared_prefix_decode_attention(q, k_buf, v_buf, table, rows, lens, free[:c], scale)
+    ref = naive(q.float(), k_buf.float(), v_buf.float(), table, rows, lens, scale)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (out.double() - ref).abs().max().item() <= tol

@@ -146,24 +146,26 @@ static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf
 }
 
 /* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] float32 (bf16 = 0) or bfloat16 (bf16 = 1);
- * request b's keys are slots req_to_token[rows[b] * table_stride + 0 .. seq_lens[b]). H % Hkv == 0.
+ * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
+ * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
+ * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
  * Returns 0, or -1 on bad sizes or when the score buffers cannot be allocated. */
 int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
-                     int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t B, int64_t H,
-                     int64_t Hkv, int64_t D, float scale, float *out, int nthreads) {
-    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1) return -1;
+                     int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
+                     int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads) {
+    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0) return -1;
     const int64_t G = H / Hkv;
     int64_t s_max = 1;
     for (int64_t b = 0; b < B; b++) {
-        if (seq_lens[b] < 1 || seq_lens[b] > table_stride) return -1;
-        if (seq_lens[b] > s_max) s_max = seq_lens[b];
+        if (seq_lens[b] <= start || seq_lens[b] > table_stride) return -1;
+        if (seq_lens[b] - start > s_max) s_max = seq_lens[b] - start;
     }
     float *bufs = (float *)malloc(sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
     if (bufs == NULL) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t item = 0; item < B * Hkv; item++) {
-        const int64_t b = item / Hkv, hkv = item % Hkv, S = seq_lens[b];
-        const int64_t *slots = req_to_token + rows[b] * table_stride;
+        const int64_t b = item / Hkv, hkv = item % Hkv, S = seq_lens[b] - start;
+        const int64_t *slots = req_to_token + rows[b] * table_stride + start;
         float *scores = bufs + (size_t)omp_get_thread_num() * (size_t)(G * s_max);  /* [G, S] */
         const float *qg = q + (b * H + hkv * G) * D;  /* [G, D] */
         float *og = out + (b * H + hkv * G) * D;
@@ -173,8 +175,9 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
         for (int64_t g = 0; g < G; g++) {
             float *p = scores + g * S, max = p[0];
             for (int64_t s = 1; s < S; s++) max = p[s] > max ? p[s] : max;
-            const float inv = 1.0f / exp_sum(p, S, max);
+            const float sum = exp_sum(p, S, max), inv = 1.0f / sum;
             for (int64_t s = 0; s < S; s++) p[s] *= inv;
+            if (lse != NULL) lse[b * H + hkv * G + g] = max + logf(sum);
         }
         memset(og, 0, sizeof(float) * (size_t)(G * D));
         for (int64_t g0 = 0; g0 < G; g0 += GMAX)
@@ -183,4 +186,108 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
     }
     free(bufs);
     return 0;
+}
+
+#define QB 24 /* queries per work item of the shared-prefix kernel (3 vectors) */
+
+/* Cascade decode attention, shared part: the NQ = B * G queries of each KV head against the C keys
+ * at slots shared[0 .. C) that every request starts with, as outer products (each key read once per
+ * QB queries, no horizontal sums), merged into out / lse_own: out [B, H, D] float32 and lse_own
+ * [B, H] hold each request's attention over its own later keys (decode_attention with start = C).
+ * Returns 0, or -1 without AVX2 or when the buffers cannot be allocated. */
+int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+                            int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
+                            const float *lse_own, int nthreads) {
+#ifdef __AVX2__
+    if (Hkv <= 0 || H % Hkv != 0 || D % 4 != 0 || C < 1 || nthreads < 1) return -1;
+    const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
+    const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
+    float *bufs = (float *)malloc(sizeof(float) * per_thread * (size_t)nthreads);
+    if (bufs == NULL) return -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t item = 0; item < Hkv * groups; item++) {
+        const int64_t hkv = item / groups, q0 = (item % groups) * QB, nq = NQ - q0 < QB ? NQ - q0 : QB;
+        float *probs = bufs + (size_t)omp_get_thread_num() * per_thread, *qt = probs + C * QB, *ot = qt + D * QB;
+        /* query j of this item: request (q0 + j) / G, head hkv * G + (q0 + j) % G */
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t j = 0; j < QB; j++) {
+                const int64_t qi = q0 + j, b = qi / G, h = hkv * G + qi % G;
+                qt[d * QB + j] = j < nq ? q[(b * H + h) * D + d] : 0.0f;
+            }
+        __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0;
+        for (int64_t s = 0; s < C; s++) {
+            const int64_t base = shared[s] * Hkv * D + hkv * D;
+            if (s + PREFETCH_AHEAD < C) prefetch_row(k_buf, shared[s + PREFETCH_AHEAD] * Hkv * D + hkv * D,
+                                                     D * (bf16 ? 2 : 4), bf16);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
+            for (int64_t d = 0; d < D; d++) {
+                const __m256 kb = _mm256_set1_ps(load1(k_buf, base + d, bf16));
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB), kb, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 8), kb, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 16), kb, a2);
+            }
+            const __m256 sc = _mm256_set1_ps(scale);
+            a0 = _mm256_mul_ps(a0, sc); a1 = _mm256_mul_ps(a1, sc); a2 = _mm256_mul_ps(a2, sc);
+            m0 = _mm256_max_ps(m0, a0); m1 = _mm256_max_ps(m1, a1); m2 = _mm256_max_ps(m2, a2);
+            _mm256_storeu_ps(probs + s * QB, a0);
+            _mm256_storeu_ps(probs + s * QB + 8, a1);
+            _mm256_storeu_ps(probs + s * QB + 16, a2);
+        }
+        __m256 l0 = _mm256_setzero_ps(), l1 = l0, l2 = l0;
+        for (int64_t s = 0; s < C; s++) {
+            float *p = probs + s * QB;
+            const __m256 e0 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p), m0));
+            const __m256 e1 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + 8), m1));
+            const __m256 e2 = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + 16), m2));
+            _mm256_storeu_ps(p, e0); _mm256_storeu_ps(p + 8, e1); _mm256_storeu_ps(p + 16, e2);
+            l0 = _mm256_add_ps(l0, e0); l1 = _mm256_add_ps(l1, e1); l2 = _mm256_add_ps(l2, e2);
+        }
+        for (int64_t d0 = 0; d0 < D; d0 += 4) {  /* o^T[d0 .. d0 + 4] = sum_s v_s[d] * probs[s]: 12 accumulators */
+            __m256 o[4][3];
+            for (int i = 0; i < 4; i++) o[i][0] = o[i][1] = o[i][2] = _mm256_setzero_ps();
+            for (int64_t s = 0; s < C; s++) {
+                const int64_t base = shared[s] * Hkv * D + hkv * D + d0;
+                const float *p = probs + s * QB;
+                const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8), p2 = _mm256_loadu_ps(p + 16);
+                for (int i = 0; i < 4; i++) {
+                    const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, bf16));
+                    o[i][0] = _mm256_fmadd_ps(vb, p0, o[i][0]);
+                    o[i][1] = _mm256_fmadd_ps(vb, p1, o[i][1]);
+                    o[i][2] = _mm256_fmadd_ps(vb, p2, o[i][2]);
+                }
+            }
+            for (int i = 0; i < 4; i++) {
+                _mm256_storeu_ps(ot + (d0 + i) * QB, o[i][0]);
+                _mm256_storeu_ps(ot + (d0 + i) * QB + 8, o[i][1]);
+                _mm256_storeu_ps(ot + (d0 + i) * QB + 16, o[i][2]);
+            }
+        }
+        float mx[QB], sum[QB];
+        _mm256_storeu_ps(mx, m0); _mm256_storeu_ps(mx + 8, m1); _mm256_storeu_ps(mx + 16, m2);
+        _mm256_storeu_ps(sum, l0); _mm256_storeu_ps(sum + 8, l1); _mm256_storeu_ps(sum + 16, l2);
+        for (int64_t j = 0; j < nq; j++) {  /* merge with the request's own part by log-sum-exp */
+            const int64_t qi = q0 + j, b = qi / G, h = hkv * G + qi % G;
+            const float lse_sh = mx[j] + logf(sum[j]), lo = lse_own[b * H + h];
+            const float top = lse_sh > lo ? lse_sh : lo;
+            const float w_sh = expf(lse_sh - top), w_own = expf(lo - top), inv = 1.0f / (w_sh + w_own);
+            float *o = out + (b * H + h) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = (w_sh * ot[d * QB + j] / sum[j] + w_own * o[d]) * inv;
+        }
+    }
+    free(bufs);
+    return 0;
+#else
+    (void)q; (void)k_buf; (void)v_buf; (void)bf16; (void)shared; (void)C; (void)B; (void)H; (void)Hkv; (void)D;
+    (void)scale; (void)out; (void)lse_own; (void)nthreads;
+    return -1;
+#endif
+}
+
+/* 1 when shared_prefix_attention is compiled in (AVX2), else 0. */
+int shared_prefix_supported(void) {
+#ifdef __AVX2__
+    return 1;
+#else
+    return 0;
+#endif
 }
