@@ -70,8 +70,10 @@ def test_backend_choice():
 
 def test_engine_c_decode_equals_sdpa(tiny_models):
     """Greedy outputs with decode rows in C vs in SDPA: mixed prefill/decode steps, prefix hits,
-    a shared cached prefix, chunked prefill."""
+    chunked prefill, and decodes that all start with one cached 200-token prefix (the cascade)."""
     prompts = [f"Item {i}: " + "alpha beta gamma " * (3 + 5 * i) for i in range(6)]
+    shared = "Shared context: " + "delta epsilon zeta eta " * 50
+    fork = [shared + f"Question {i}: what is {i} plus {i}?" for i in range(5)]
     params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
     outs = {}
     for backend in ("torch", "torch-sdpa"):
@@ -80,6 +82,10 @@ def test_engine_c_decode_equals_sdpa(tiny_models):
         try:
             eng.generate(prompts[0], params)
             outs[backend] = [o["output_ids"] for o in eng.generate(prompts, params)]
+            eng.generate(shared, {**params, "max_new_tokens": 1})
+            forked = eng.generate(fork, params)
+            assert min(o["meta_info"]["cached_tokens"] for o in forked) >= 200
+            outs[backend] += [o["output_ids"] for o in forked]
         finally:
             eng.shutdown()
     assert outs["torch"] == outs["torch-sdpa"]
