@@ -65,11 +65,10 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture(scope="session")
 def engine():
-    """One shared Engine on the real SmolLM2 model for the whole session: default config, but with the
-    overlap schedule forced on (CPU defaults to off), so the many tests using it cover that path."""
+    """One shared Engine on the real SmolLM2 model (default config) for the whole session."""
     from radixgen.runtime.engine import Engine
 
-    eng = Engine(disable_overlap=False)
+    eng = Engine()
     yield eng
     eng.shutdown()
 

@@ -6,8 +6,7 @@
 The engine flags are generated from `EngineConfig`'s fields (so a flag and a field never drift): the
 name with dashes, the type and choices from the annotation, the help from the docstring under the
 field. A bool field defaulting to False is a switch (`--disable-radix-cache`); one defaulting to True
-gets a `--no-...` form; one defaulting to None (automatic) takes both (`--disable-overlap`,
-`--no-disable-overlap`).
+gets a `--no-...` form.
 """
 
 from __future__ import annotations
@@ -60,10 +59,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, aliases: dict[str, list[st
         help_ = docs.get(f.name, "")
         tp, optional = _base_type(hints[f.name])
         if tp is bool:
-            if optional:  # None = automatic; --flag / --no-flag force it
-                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                   help=help_)
-            elif default:
+            if default:
                 group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=True, help=help_)
             else:
                 group.add_argument(*names, dest=f.name, action="store_true", help=help_)

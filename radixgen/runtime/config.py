@@ -31,11 +31,8 @@ class EngineConfig:
     """Waiting-queue order: longest prefix match first (cache-aware) or first come first served."""
     disable_radix_cache: bool = False
     """Turn prefix caching off (every request recomputes its whole prompt)."""
-    disable_overlap: bool | None = None
-    """Wait for each model forward before scheduling the next one instead of overlapping the two.
-    Default (None): overlap on GPUs, off on CPU, where the scheduler's Python work competes with
-    the forward for cores and for the GIL (2-core CPU: decode steps 66 ms serialized, 85 ms
-    overlapped)."""
+    disable_overlap: bool = False
+    """Run the model forward on the scheduler thread instead of overlapping it with CPU work."""
     grammar_backend: Literal["xgrammar", "outlines"] = "xgrammar"
     """Backend compiling JSON schema / regex / EBNF constraints into token masks."""
     disable_jump_forward: bool = False
@@ -71,13 +68,6 @@ class EngineConfig:
         for name, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r} is invalid: must be {allowed}")
-
-    @property
-    def overlap_schedule(self) -> bool:
-        """Whether the scheduler overlaps its CPU work with the forward (see `disable_overlap`)."""
-        if self.disable_overlap is not None:
-            return not self.disable_overlap
-        return self.device.split(":")[0] == "cuda"
 
     @classmethod
     def field_names(cls) -> list[str]:

@@ -113,7 +113,7 @@ class Scheduler:
                         time.sleep(0.001)  # nothing fits yet (KV held by running requests)
                     continue
                 batch.ready.set()  # the results before this batch are in: it may sample now
-                if not self.config.overlap_schedule:
+                if self.config.disable_overlap:
                     self._process(batch, future.result())
                 else:
                     inflight = (batch, future)

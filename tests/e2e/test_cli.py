@@ -39,15 +39,6 @@ def test_flags_parse_into_an_engine_config():
         build_parser().parse_args(["serve", "--schedule-policy", "random"])
 
 
-def test_overlap_schedule_is_automatic_unless_forced():
-    def overlap(*flags: str, device: str = "cpu") -> bool:
-        args = build_parser().parse_args(["serve", "--device", device, *flags])
-        return EngineConfig(**engine_kwargs(args)).overlap_schedule
-
-    assert not overlap() and overlap(device="cuda") and overlap(device="cuda:1")  # auto: on GPUs only
-    assert overlap("--no-disable-overlap") and not overlap("--disable-overlap", device="cuda")
-
-
 @pytest.mark.slow
 def test_run_a_program_file_against_the_server(server, tmp_path):
     prog = tmp_path / "prog.py"
