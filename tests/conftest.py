@@ -81,3 +81,32 @@ def hf_smollm2(smollm2_path):
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(smollm2_path.parent), gguf_file=smollm2_path.name, dtype=torch.float32
     ).eval()
+
+
+@pytest.fixture
+def engine_greedy_outputs():
+    """A function (model dir, attention backend, fork=False) -> greedy output ids of a fixed workload,
+    for comparing attention backends inside the engine."""
+    from radixgen.runtime.engine import Engine
+
+    def outputs(model: str, backend: str, fork: bool = False) -> list[list[int]]:
+        """Greedy output ids of a mixed workload (prefix hits, chunked prefill, overlap) on one backend;
+        with `fork`, also 5 requests decoding together on one cached 200-token prefix."""
+        prompts = [f"Item {i}: " + "alpha beta gamma " * (3 + 5 * i) for i in range(6)]
+        params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+        eng = Engine(model=model, attention_backend=backend, chunked_prefill_size=48, max_total_tokens=4096)
+        try:
+            eng.generate(prompts[0], params)  # cached: later requests extend a shared prefix
+            outs = [o["output_ids"] for o in eng.generate(prompts, params)]
+            assert eng.get_stats()["cache_hit_rate"] > 0
+            if fork:
+                shared = "Shared context: " + "delta epsilon zeta eta " * 50
+                eng.generate(shared, {**params, "max_new_tokens": 1})
+                forked = eng.generate([shared + f"Question {i}: what is {i} plus {i}?" for i in range(5)], params)
+                assert min(o["meta_info"]["cached_tokens"] for o in forked) >= 200
+                outs += [o["output_ids"] for o in forked]
+            return outs
+        finally:
+            eng.shutdown()
+
+    return outputs

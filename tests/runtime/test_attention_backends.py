@@ -9,7 +9,6 @@ import torch
 from radixgen.radix_cache.memory_pool import ReqToTokenPool
 from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.engine import Engine
 
 
 def test_backend_selection(monkeypatch):
@@ -36,21 +35,9 @@ def test_device_table_follows_host_writes():
     assert torch.equal(pool.device_table, pool.req_to_token)
 
 
-def test_triton_backend_engine_equals_torch(tiny_models):
-    """Greedy outputs of a mixed workload (prefix hits, chunked prefill, overlap) per backend."""
-    prompts = [f"Item {i}: " + "alpha beta gamma " * (3 + 5 * i) for i in range(6)]
-    params = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-    outs = {}
-    for backend in ("torch", "triton"):
-        eng = Engine(model=str(tiny_models["llama"]), attention_backend=backend, chunked_prefill_size=48,
-                     max_total_tokens=4096)
-        try:
-            eng.generate(prompts[0], params)  # cached: later requests extend a shared prefix
-            outs[backend] = [o["output_ids"] for o in eng.generate(prompts, params)]
-            assert eng.get_stats()["cache_hit_rate"] > 0
-        finally:
-            eng.shutdown()
-    assert outs["triton"] == outs["torch"]
+def test_triton_backend_engine_equals_torch(tiny_models, engine_greedy_outputs):
+    model = str(tiny_models["llama"])
+    assert engine_greedy_outputs(model, "triton") == engine_greedy_outputs(model, "torch")
 
 
 def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models):

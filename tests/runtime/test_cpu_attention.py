@@ -8,7 +8,6 @@ import torch
 
 from radixgen.runtime import cpu_attention
 from radixgen.runtime.attention import get_attention_backend
-from radixgen.runtime.engine import Engine
 
 pytestmark = pytest.mark.skipif(cpu_attention.library() is None, reason="no C compiler to build the kernel")
 
@@ -68,27 +67,11 @@ def test_backend_choice():
     assert not hasattr(get_attention_backend("torch", cpu, torch.float16).build, "keywords")
 
 
-def test_engine_c_decode_equals_sdpa(tiny_models):
-    """Greedy outputs with decode rows in C vs in SDPA: mixed prefill/decode steps, prefix hits,
-    chunked prefill, and decodes that all start with one cached 200-token prefix (the cascade)."""
-    prompts = [f"Item {i}: " + "alpha beta gamma " * (3 + 5 * i) for i in range(6)]
-    shared = "Shared context: " + "delta epsilon zeta eta " * 50
-    fork = [shared + f"Question {i}: what is {i} plus {i}?" for i in range(5)]
-    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
-    outs = {}
-    for backend in ("torch", "torch-sdpa"):
-        eng = Engine(model=str(tiny_models["llama"]), attention_backend=backend, chunked_prefill_size=48,
-                     max_total_tokens=4096)
-        try:
-            eng.generate(prompts[0], params)
-            outs[backend] = [o["output_ids"] for o in eng.generate(prompts, params)]
-            eng.generate(shared, {**params, "max_new_tokens": 1})
-            forked = eng.generate(fork, params)
-            assert min(o["meta_info"]["cached_tokens"] for o in forked) >= 200
-            outs[backend] += [o["output_ids"] for o in forked]
-        finally:
-            eng.shutdown()
-    assert outs["torch"] == outs["torch-sdpa"]
+def test_engine_c_decode_equals_sdpa(tiny_models, engine_greedy_outputs):
+    """Greedy outputs with decode rows in C vs in SDPA, including decodes that all start with one
+    cached 200-token prefix (the cascade kernel)."""
+    model = str(tiny_models["llama"])
+    assert engine_greedy_outputs(model, "torch", fork=True) == engine_greedy_outputs(model, "torch-sdpa", fork=True)
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,batch", [(9, 3, 64, 16), (8, 2, 32, 3), (4, 4, 16, 2), (6, 1, 48, 5)])
