@@ -3,10 +3,11 @@
 A decode step multiplies a handful of activation rows by every weight matrix, so its speed is the
 speed of streaming the weights. A Q4_1 matrix dequantized to float32 is 4 bytes a weight; kept in
 its blocks it is 0.56. `runtime/csrc/block_gemm.c` widens the blocks in registers and does all math in
-float32 (the weights are exactly the float32 values the gguf package dequantizes to), so results
-match a dense float32 GEMM up to summation order. SmolLM2-135M, all matrices, 2 threads: batch 1
-6.7 ms vs 27 ms for oneDNN on the dense weights, batch 4 12.8 vs 28 ms; from about 8 rows the dense
-GEMM wins (it becomes compute-bound), so `use_blocks` routes only up to BLOCK_MAX_ROWS rows here.
+float32 on exactly the weights the gguf package dequantizes to (each block summed as
+d * sum(q x) + m * sum(x), a rearranged sum), so results match a dense float32 GEMM to float32
+rounding. SmolLM2-135M, all matrices, 2 threads: batch 1 6.7 ms vs 27 ms for oneDNN on the dense
+weights, batch 4 12.8 vs 28 ms; from about 8 rows the dense GEMM wins (it becomes compute-bound), so
+`use_blocks` routes only up to BLOCK_MAX_ROWS rows here.
 
 The C file is built on first use (`cpu_kernels`); `library()` returns None if that fails, and the
 model then runs dense GEMMs only.
