@@ -175,7 +175,7 @@ def attention(
 
 def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall,
          scale: float) -> torch.Tensor:  # [n, H * D]
-    if isinstance(call, DecodeCall) and call.shared is not None and q.shape[-1] % 4 == 0:  # the kernel's V pass
+    if isinstance(call, DecodeCall) and call.shared is not None:
         return cpu_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                                             call.seq_lens, call.shared, scale)
     if isinstance(call, DecodeCall):

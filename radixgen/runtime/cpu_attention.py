@@ -17,25 +17,19 @@ from radixgen.runtime import cpu_kernels
 KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+SIGNATURES: cpu_kernels.Signatures = {
+    "decode_attention": (ctypes.c_int, [_P, _P, _P, ctypes.c_int, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float,
+                                        _P, _P, ctypes.c_int]),
+    "shared_prefix_attention": (ctypes.c_int, [_P, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P,
+                                               _P, ctypes.c_int]),
+    "shared_prefix_supported": (ctypes.c_int, []),
+}
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    lib = cpu_kernels.load("decode_attention")
-    if lib is not None:
-        lib.decode_attention.restype = ctypes.c_int
-        lib.decode_attention.argtypes = [
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-        ]
-        lib.shared_prefix_attention.restype = ctypes.c_int
-        lib.shared_prefix_attention.argtypes = [
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_int,
-        ]
-        lib.shared_prefix_supported.restype = ctypes.c_int
-        lib.shared_prefix_supported.argtypes = []
-    return lib
+    return cpu_kernels.load("decode_attention", SIGNATURES)
 
 
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:

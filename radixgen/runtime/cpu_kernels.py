@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch  # noqa: F401  (loads libgomp before any kernel library)
 
@@ -40,9 +41,24 @@ def _build_key(source: Path, cc: str) -> str:
     return h.hexdigest()[:16]
 
 
+Signatures = dict[str, tuple[Any, list[Any]]]  # function name -> (ctypes restype, argtypes)
+
+
+def load(name: str, signatures: Signatures) -> ctypes.CDLL | None:
+    """The compiled `csrc/<name>.c` with `signatures` bound to its functions, or None if it cannot be
+    built. Callers cache the result (one `functools.cache`d accessor per library)."""
+    path = _build(name)
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    for fn, (restype, argtypes) in signatures.items():
+        getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
+    return lib
+
+
 @functools.cache
-def load(name: str) -> ctypes.CDLL | None:
-    """The compiled `csrc/<name>.c` (built once per source and CPU), or None if it cannot be built."""
+def _build(name: str) -> Path | None:
+    """The shared library of `csrc/<name>.c`, built once per source and CPU (None if that fails)."""
     source = CSRC / f"{name}.c"
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
@@ -58,4 +74,4 @@ def load(name: str) -> ctypes.CDLL | None:
             logger.warning("building %s failed, it is off:\n%s", source.name, proc.stderr[-2000:])
             return None
         os.replace(tmp, out)
-    return ctypes.CDLL(str(out))
+    return out

@@ -14,16 +14,16 @@ from radixgen.runtime import cpu_kernels
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
+SIGNATURES: cpu_kernels.Signatures = {
+    "add_rms_norm": (None, [_P, _P, _P, _I, _I, _F, _P, ctypes.c_int]),
+    "silu_mul": (None, [_P, _I, _I, _P, ctypes.c_int]),
+    "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int]),
+}
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    lib = cpu_kernels.load("layer_ops")
-    if lib is not None:
-        lib.add_rms_norm.argtypes = [_P, _P, _P, _I, _I, _F, _P, ctypes.c_int]
-        lib.silu_mul.argtypes = [_P, _I, _I, _P, ctypes.c_int]
-        lib.rope_store.argtypes = [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int]
-        for fn in (lib.add_rms_norm, lib.silu_mul, lib.rope_store):
-            fn.restype = None
-    return lib
+    return cpu_kernels.load("layer_ops", SIGNATURES)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:

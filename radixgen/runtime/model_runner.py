@@ -10,7 +10,7 @@ from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.models.block_gemm import library
+from radixgen.runtime.models import block_gemm
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
 from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
@@ -45,7 +45,7 @@ class ModelRunner:
             self.model.use_fused_ops()
         path = resolve_model_path(config.model)
         if (path.suffix == ".gguf" and self.device.type == "cpu" and self.dtype == torch.float32
-                and not config.disable_block_kernels and library() is not None):
+                and not config.disable_block_kernels and block_gemm.library() is not None):
             self.model.set_block_weights(load_gguf_blocks(path, model_config))
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)

@@ -74,7 +74,8 @@ def test_engine_c_decode_equals_sdpa(tiny_models, engine_greedy_outputs):
     assert engine_greedy_outputs(model, "torch", fork=True) == engine_greedy_outputs(model, "torch-sdpa", fork=True)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,batch", [(9, 3, 64, 16), (8, 2, 32, 3), (4, 4, 16, 2), (6, 1, 48, 5)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,batch",
+                         [(9, 3, 64, 16), (8, 2, 32, 3), (4, 4, 16, 2), (6, 1, 48, 5), (6, 2, 18, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shared_prefix_decode_matches_naive(heads, kv_heads, head_dim, batch, dtype):
     """Cascade: a shared prefix of scattered slots (query groups of 24 split across requests and

@@ -190,6 +190,33 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
 
 #define QB 24 /* queries per work item of the shared-prefix kernel (3 vectors) */
 
+#ifdef __AVX2__
+/* o^T[d0 .. d0 + NV] = sum_s v_s[d] * probs[s] over the C shared keys (NV x 3 accumulators). */
+static inline __attribute__((always_inline)) void shared_values(const int NV, const float *probs, const void *v_buf,
+                                                                const int64_t *shared, int64_t C, int64_t Hkv,
+                                                                int64_t D, int64_t hkv, int64_t d0, int bf16,
+                                                                float *ot) {
+    __m256 o[4][3];
+    for (int i = 0; i < NV; i++) o[i][0] = o[i][1] = o[i][2] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < C; s++) {
+        const int64_t base = shared[s] * Hkv * D + hkv * D + d0;
+        const float *p = probs + s * QB;
+        const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8), p2 = _mm256_loadu_ps(p + 16);
+        for (int i = 0; i < NV; i++) {
+            const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, bf16));
+            o[i][0] = _mm256_fmadd_ps(vb, p0, o[i][0]);
+            o[i][1] = _mm256_fmadd_ps(vb, p1, o[i][1]);
+            o[i][2] = _mm256_fmadd_ps(vb, p2, o[i][2]);
+        }
+    }
+    for (int i = 0; i < NV; i++) {
+        _mm256_storeu_ps(ot + (d0 + i) * QB, o[i][0]);
+        _mm256_storeu_ps(ot + (d0 + i) * QB + 8, o[i][1]);
+        _mm256_storeu_ps(ot + (d0 + i) * QB + 16, o[i][2]);
+    }
+}
+#endif
+
 /* Cascade decode attention, shared part: the NQ = B * G queries of each KV head against the C keys
  * at slots shared[0 .. C) that every request starts with, as outer products (each key read once per
  * QB queries, no horizontal sums), merged into out / lse_own: out [B, H, D] float32 and lse_own
@@ -199,7 +226,7 @@ int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads) {
 #ifdef __AVX2__
-    if (Hkv <= 0 || H % Hkv != 0 || D % 4 != 0 || C < 1 || nthreads < 1) return -1;
+    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
     const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
     const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
     float *bufs = (float *)malloc(sizeof(float) * per_thread * (size_t)nthreads);
@@ -270,26 +297,9 @@ int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf
             _mm256_storeu_ps(p, e0); _mm256_storeu_ps(p + 8, e1); _mm256_storeu_ps(p + 16, e2);
             l0 = _mm256_add_ps(l0, e0); l1 = _mm256_add_ps(l1, e1); l2 = _mm256_add_ps(l2, e2);
         }
-        for (int64_t d0 = 0; d0 < D; d0 += 4) {  /* o^T[d0 .. d0 + 4] = sum_s v_s[d] * probs[s]: 12 accumulators */
-            __m256 o[4][3];
-            for (int i = 0; i < 4; i++) o[i][0] = o[i][1] = o[i][2] = _mm256_setzero_ps();
-            for (int64_t s = 0; s < C; s++) {
-                const int64_t base = shared[s] * Hkv * D + hkv * D + d0;
-                const float *p = probs + s * QB;
-                const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8), p2 = _mm256_loadu_ps(p + 16);
-                for (int i = 0; i < 4; i++) {
-                    const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, bf16));
-                    o[i][0] = _mm256_fmadd_ps(vb, p0, o[i][0]);
-                    o[i][1] = _mm256_fmadd_ps(vb, p1, o[i][1]);
-                    o[i][2] = _mm256_fmadd_ps(vb, p2, o[i][2]);
-                }
-            }
-            for (int i = 0; i < 4; i++) {
-                _mm256_storeu_ps(ot + (d0 + i) * QB, o[i][0]);
-                _mm256_storeu_ps(ot + (d0 + i) * QB + 8, o[i][1]);
-                _mm256_storeu_ps(ot + (d0 + i) * QB + 16, o[i][2]);
-            }
-        }
+        int64_t d0 = 0;
+        for (; d0 + 4 <= D; d0 += 4) shared_values(4, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
+        for (; d0 < D; d0++) shared_values(1, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
         float mx[QB], sum[QB];
         _mm256_storeu_ps(mx, m0); _mm256_storeu_ps(mx + 8, m1); _mm256_storeu_ps(mx + 16, m2);
         _mm256_storeu_ps(sum, l0); _mm256_storeu_ps(sum + 8, l1); _mm256_storeu_ps(sum + 16, l2);

@@ -89,15 +89,14 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
                        cat([p.minv for p in parts]))
 
 
+_ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None if no compiler can build it (see `cpu_kernels.load`)."""
-    lib = cpu_kernels.load("block_gemm")
-    if lib is not None:
-        lib.block_gemm.restype = ctypes.c_int
-        lib.block_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    return lib
+    return cpu_kernels.load("block_gemm", {"block_gemm": (ctypes.c_int, _ARGS)})
 
 
 def use_blocks(x: torch.Tensor) -> bool:

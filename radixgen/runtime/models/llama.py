@@ -85,8 +85,8 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,  # [T, 1, D/2] (None for fused layers)
+        sin: torch.Tensor | None,
         rotary: Rotary,
         fb: ForwardBatch,
         attn: AttentionBackend,
@@ -140,12 +140,14 @@ class LlamaModel(nn.Module):
         self.rotary = Rotary(config, max_len)
         self._packed_head: torch.Tensor | None = None
         self._block_head: BlockWeight | None = None
+        self.fused_ops = False  # every layer fused (`use_fused_ops`): no per-step cos/sin gather
 
     def use_fused_ops(self) -> None:
         """Run the per-token ops of every layer through `cpu_layer_ops` (CPU, float32; layers with
         q/k norms keep the torch path)."""
         for layer in self.layers:
             layer.fused_ops = layer.q_norm is None
+        self.fused_ops = all(layer.fused_ops for layer in self.layers)
 
     def set_block_weights(self, blocks: dict[str, BlockWeight]) -> None:
         """Decode through GGUF-block copies of the matrices found in `blocks` (HF names); see
@@ -182,8 +184,10 @@ class LlamaModel(nn.Module):
         if meta is None:
             meta = attn.build(fb, req_to_token)
         h = self.embed.index_select(0, fb.input_ids)  # [T, hidden]
-        cos = self.rotary.cos.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
-        sin = self.rotary.sin.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)
+        cos = sin = None  # fused layers read the full tables in C
+        if not self.fused_ops:
+            cos = self.rotary.cos.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
+            sin = self.rotary.sin.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)
         for layer in self.layers:
             h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
