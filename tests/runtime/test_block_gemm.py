@@ -13,6 +13,7 @@ from radixgen.runtime.models.block_gemm import (
     concat_rows,
     from_gguf,
     library,
+    pack_panels,
     use_blocks,
 )
 
@@ -39,18 +40,29 @@ def gguf_dense(raw: np.ndarray, qtype: str, n: int, k: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16, 17, 24, 40])
 def test_block_linear_matches_gguf_dequantized(qtype, m):
-    n, k = 37, 96  # odd row count, three blocks per row
+    n, k = 37, 96  # three panels, the last one partial; three blocks per row
     raw = random_gguf(qtype, n, k, seed=m)
     w = from_gguf(raw, qtype)
     dense = gguf_dense(raw, qtype, n, k)
     assert torch.equal(w.dequantize(), dense)  # our reading of the bytes is gguf's, exactly
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     ref = x.double() @ dense.double().t()
-    y = block_linear(x, w)
+    y = block_linear(x, pack_panels(w))
     assert y.shape == (m, n)
     assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
+    """Each output sums its products in one fixed order, so a row's result is bit-identical whether
+    it runs alone or among up to BLOCK_MAX_ROWS others (the 16-row groups and their remainders)."""
+    w = pack_panels(from_gguf(random_gguf(qtype, 50, 128, 7), qtype))
+    x = torch.randn(BLOCK_MAX_ROWS, 128, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(BLOCK_MAX_ROWS)])
+    for m in (2, 5, 16, 17, BLOCK_MAX_ROWS):
+        assert torch.equal(block_linear(x[:m], w), alone[:m])
 
 
 def test_rows_and_concat_keep_gguf_values():
@@ -65,7 +77,7 @@ def test_rows_and_concat_keep_gguf_values():
 
 
 def test_bad_input_is_rejected():
-    w = from_gguf(random_gguf("Q8_0", 4, 64, 0), "Q8_0")
+    w = pack_panels(from_gguf(random_gguf("Q8_0", 4, 64, 0), "Q8_0"))
     with pytest.raises(ValueError, match="float32"):
         block_linear(torch.randn(2, 32), w)
     with pytest.raises(ValueError, match="float32"):

@@ -16,7 +16,14 @@ from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime import cpu_layer_ops
 from radixgen.runtime.attention import AttentionBackend
 from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.models.block_gemm import BlockWeight, block_linear, concat_rows, use_blocks
+from radixgen.runtime.models.block_gemm import (
+    BlockWeight,
+    PanelWeight,
+    block_linear,
+    concat_rows,
+    pack_panels,
+    use_blocks,
+)
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.packed_linear import pack_parameter, pack_weight, packed_linear
 
@@ -55,7 +62,7 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size))
         self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
         self._packed: dict[str, torch.Tensor] = {}  # oneDNN-packed copies of the matrices (CPU)
-        self._blocks: dict[str, BlockWeight] = {}  # GGUF-block copies for decoding (CPU float32)
+        self._blocks: dict[str, PanelWeight] = {}  # GGUF-block copies for decoding (CPU float32)
         self.fused_ops = False  # per-token ops through `cpu_layer_ops` (CPU float32, no q/k norm)
 
     def pack_weights(self) -> None:
@@ -71,7 +78,7 @@ class DecoderLayer(nn.Module):
             found = [blocks.get(n + ".weight") for n in hf_names]
             fused = concat_rows(found) if all(found) else None
             if fused is not None:
-                self._blocks[name] = fused
+                self._blocks[name] = pack_panels(fused)
 
     def _linear(self, x: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
         block = self._blocks.get(name)
@@ -139,7 +146,7 @@ class LlamaModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         self.rotary = Rotary(config, max_len)
         self._packed_head: torch.Tensor | None = None
-        self._block_head: BlockWeight | None = None
+        self._block_head: PanelWeight | None = None
         self.fused_ops = False  # every layer fused (`use_fused_ops`): no per-step cos/sin gather
 
     def use_fused_ops(self) -> None:
@@ -155,7 +162,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             layer.set_block_weights(blocks, f"model.layers.{i}.")
         head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
-        self._block_head = blocks.get(head)
+        self._block_head = pack_panels(blocks[head]) if head in blocks else None
 
     @property
     def block_weight_count(self) -> int:
