@@ -8,6 +8,7 @@ and are un-permuted here. Dequantized GGUF weights are cached as safetensors in 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -53,6 +54,21 @@ def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for f in files:
         weights.update(load_file(str(f)))
     return config, weights
+
+
+def gguf_reader(path: Path):
+    """A parsed `gguf.GGUFReader` of `path`, shared within the process while the file is unchanged.
+    Parsing SmolLM2's metadata (its 49k-token vocabulary) takes ~3 s; the dense and the block weights
+    and every later engine of the process reuse one parse."""
+    stat = path.stat()
+    return _parse_gguf(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _parse_gguf(path: str, size: int, mtime_ns: int):  # size and mtime key the cache
+    import gguf
+
+    return gguf.GGUFReader(path)
 
 
 def _gguf_field(reader, key: str, default=None):
@@ -112,9 +128,7 @@ def _hf_name(gguf_name: str) -> str:
 def load_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, BlockWeight]:
     """The GGUF's Q4_0/Q4_1/Q8_0 matrices as BlockWeights (HF names, q/k rows un-permuted), read
     without dequantizing; other tensors are left out (they run dense)."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
     blocks: dict[str, BlockWeight] = {}
     for t in reader.tensors:
         if t.tensor_type.name not in GGUF_BLOCK_BYTES or len(t.shape) != 2:
@@ -133,7 +147,7 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     import gguf
     from safetensors.torch import load_file, save_file
 
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
     config = gguf_config(reader)
     cache = cache_dir_for(path) / WEIGHTS_CACHE_NAME
     if cache.is_file():
