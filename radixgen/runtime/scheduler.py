@@ -175,6 +175,7 @@ class Scheduler:
             kv_used=used,
             kv_capacity=cap,
             kv_evictable=self.tree.evictable_size(),
+            worker_busy_seconds=self.worker.busy_seconds,
         )
 
     # ------------------------------------------------------------------ scheduling

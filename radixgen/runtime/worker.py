@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from concurrent.futures import Future
 
 import torch
@@ -37,6 +38,7 @@ class ModelWorker:
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(config.sampling_backend, runner.device)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
+        self.busy_seconds = 0.0  # time spent on batches, waits for `ready` excluded (written by this thread)
         self._queue: queue.Queue[tuple[ScheduledBatch, Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="radixgen-worker", daemon=True)
         self._thread.start()
@@ -60,14 +62,23 @@ class ModelWorker:
         if fb.has_placeholders and self._last_ids is not None:
             prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
             fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
+        start = time.perf_counter()
         logits = self.runner.forward(fb)  # [L, V] float32
         out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
         self._prompt_logprobs(batch, logits, out)
+        waiting = time.perf_counter()
         batch.ready.wait()
+        resumed = time.perf_counter()
+        self._sample(batch, logits, out)
+        self.busy_seconds += time.perf_counter() - resumed + waiting - start
+        return out
+
+    def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
+        """Sample the batch's sampling rows into `out` (and remember them for placeholders)."""
         idx = [i for i, s in enumerate(batch.samples) if s]
         if not idx:
             self._last_ids = None
-            return out
+            return
         reqs = [batch.reqs[i] for i in idx]
         rows = logits[[batch.sample_rows[i] for i in idx]]  # [S, V]
         sb = SamplingBatch.build([r.params for r in reqs], [r.output_ids for r in reqs], [r.seed for r in reqs],
@@ -81,7 +92,6 @@ class ModelWorker:
         for j, i in enumerate(idx):
             out.next_token_ids[i], out.logprobs[i] = tokens[j], lps[j]
             out.top_logprobs[i] = tops[j][: batch.reqs[i].top_logprobs_num]
-        return out
 
     def _grammar_bitmask(self, reqs: list) -> torch.Tensor | None:
         """int32 [S, ceil(V/32)] allowed-token bits of constrained rows (others all ones), or None."""

@@ -145,8 +145,13 @@ def test_policies_give_same_outputs(policy, engine):
 
 
 def test_metrics(engine):
+    busy_before = engine.get_stats()["worker_busy_seconds"]
+    start = time.perf_counter()
     engine.generate(mixed_prompts(3), dict(GREEDY, max_new_tokens=3))
+    wall = time.perf_counter() - start
     s = engine.get_stats()
+    # the worker's busy time grew, by at most the wall time the call took (one forward at a time)
+    assert 0 < s["worker_busy_seconds"] - busy_before <= wall
     for key in ("running", "waiting", "kv_used", "kv_capacity", "cache_hit_rate", "prompt_throughput",
                 "generation_throughput"):
         assert key in s
