@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixgen.radix_cache.host_memory import empty_kv_buffer
 from radixgen.runtime.transfer import to_device
 
 
@@ -67,10 +68,11 @@ class TokenToKVPool:
         self.size = size
         self.allocator = TokenAllocator(size)
         shape = (size + 1, num_kv_heads, head_dim)
-        # Uninitialised (a slot is written before it is read; on CPU untouched pages cost no memory),
-        # except the padding slot 0: masked-out keys read it, so it must hold finite values.
-        self.k_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffer = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Uninitialised (a slot is written before it is read; on CPU untouched pages cost no memory, and
+        # huge pages make the first write to new slots cheap: see host_memory), except the padding
+        # slot 0: masked-out keys read it, so it must hold finite values.
+        self.k_buffer = [empty_kv_buffer(shape, dtype, device) for _ in range(num_layers)]
+        self.v_buffer = [empty_kv_buffer(shape, dtype, device) for _ in range(num_layers)]
         for buf in (*self.k_buffer, *self.v_buffer):
             buf[0].zero_()
 
