@@ -29,7 +29,7 @@ SIGNATURES: cpu_kernels.Signatures = {
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    return cpu_kernels.load("decode_attention", SIGNATURES)
+    return cpu_kernels.load(SIGNATURES)
 
 
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:

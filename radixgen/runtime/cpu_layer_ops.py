@@ -23,7 +23,7 @@ SIGNATURES: cpu_kernels.Signatures = {
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    return cpu_kernels.load("layer_ops", SIGNATURES)
+    return cpu_kernels.load(SIGNATURES)
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:

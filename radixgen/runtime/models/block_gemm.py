@@ -133,7 +133,7 @@ _ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernel, or None if no compiler can build it (see `cpu_kernels.load`)."""
-    return cpu_kernels.load("block_gemm", {"block_gemm": (ctypes.c_int, _ARGS)})
+    return cpu_kernels.load({"block_gemm": (ctypes.c_int, _ARGS)})
 
 
 def use_blocks(x: torch.Tensor) -> bool:
