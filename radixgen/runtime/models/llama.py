@@ -25,6 +25,7 @@ from radixgen.runtime.models.block_gemm import (
     use_blocks,
 )
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.fused_decode import FusedDecode
 from radixgen.runtime.models.packed_linear import pack_parameter, pack_weight, packed_linear
 
 
@@ -148,6 +149,7 @@ class LlamaModel(nn.Module):
         self._packed_head: torch.Tensor | None = None
         self._block_head: PanelWeight | None = None
         self.fused_ops = False  # every layer fused (`use_fused_ops`): no per-step cos/sin gather
+        self._fused_decode: tuple[TokenToKVPool, FusedDecode | None] | None = None  # (pool, its C decode or None)
 
     def use_fused_ops(self) -> None:
         """Run the per-token ops of every layer through `cpu_layer_ops` (CPU, float32; layers with
@@ -195,8 +197,13 @@ class LlamaModel(nn.Module):
         if not self.fused_ops:
             cos = self.rotary.cos.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
             sin = self.rotary.sin.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)
-        for layer in self.layers:
-            h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
+        call = FusedDecode.call_of(h, meta) if self.fused_ops else None
+        fused = self._decode_in_c(pool) if call is not None else None
+        if fused is not None:
+            fused.run(h, fb, call, self.rotary.cos, self.rotary.sin)
+        else:
+            for layer in self.layers:
+                h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
         if self._block_head is not None and use_blocks(h):
@@ -205,6 +212,14 @@ class LlamaModel(nn.Module):
             return packed_linear(h, self._packed_head).float()  # [L, V]
         head = self.embed if self.lm_head is None else self.lm_head
         return F.linear(h, head).float()  # [L, V]
+
+    def _decode_in_c(self, pool: TokenToKVPool) -> FusedDecode | None:
+        """The runner of all layers in one C call for decode steps over `pool`, if it applies (see
+        `fused_decode`); decided once per pool."""
+        if self._fused_decode is None or self._fused_decode[0] is not pool:
+            fused = FusedDecode(self.layers, pool) if FusedDecode.supported(self.layers, pool) else None
+            self._fused_decode = (pool, fused)
+        return self._fused_decode[1]
 
     def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
         """Copy HF-named tensors into our fused parameters (fails loudly on missing names)."""
