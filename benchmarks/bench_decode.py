@@ -3,13 +3,20 @@
 Prints one JSON line per measurement and a summary line with ratios ours/HF:
 prefill tokens/s (256-token prompt), batch-1 decode tokens/s (128 new tokens), and aggregate
 batch-16 decode tokens/s. Ours is measured in float32 and bfloat16; HF in float32.
-Usage: python benchmarks/bench_decode.py [--new-tokens 128] [--batch 16]
+
+The machine's speed drifts by 20-30% over minutes (a shared VM), so ours and HF alternate for
+`--rounds` rounds and the ratios use the means. Each side runs with no idle OpenMP team of the
+other's in the process (ours: a fresh engine per round, shut down after; HF: loaded and run on
+short-lived threads, see `radixgen.runtime.threads`): an idle team makes libgomp stop spinning
+between parallel regions, which slows whoever runs next.
+Usage: python benchmarks/bench_decode.py [--new-tokens 128] [--batch 16] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -67,26 +74,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of ours then HF; ratios use the means")
     args = ap.parse_args()
     import transformers
 
     from radixgen.runtime.models.resolve import default_model_path
+    from radixgen.runtime.threads import on_short_lived_thread
     from radixgen.runtime.tokenizer import load_tokenizer
 
     path = default_model_path()
     tok = load_tokenizer()
-    results = {}
+    hf = on_short_lived_thread(lambda: transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval())
+    runs: dict[str, list[dict]] = {"float32": [], "bfloat16": [], "hf": []}
+    for rnd in range(args.rounds):
+        for dtype in ("float32", "bfloat16"):
+            runs[dtype].append(ours_bench(dtype, tok, args.new_tokens, args.batch))
+            print(json.dumps({"engine": f"radixgen-{dtype}", "round": rnd, **runs[dtype][-1]}), flush=True)
+        runs["hf"].append(on_short_lived_thread(lambda: hf_bench(hf, tok, args.new_tokens, args.batch)))
+        print(json.dumps({"engine": "hf-float32", "round": rnd, **runs["hf"][-1]}), flush=True)
+    mean = {name: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    summary = {"bench": "decode", "threads": torch.get_num_threads(), "rounds": args.rounds}
     for dtype in ("float32", "bfloat16"):
-        results[f"ours_{dtype}"] = ours_bench(dtype, tok, args.new_tokens, args.batch)
-        print(json.dumps({"engine": f"radixgen-{dtype}", **results[f"ours_{dtype}"]}), flush=True)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32).eval()
-    results["hf"] = hf_bench(hf, tok, args.new_tokens, args.batch)
-    print(json.dumps({"engine": "hf-float32", **results["hf"]}), flush=True)
-    summary = {"bench": "decode", "threads": torch.get_num_threads()}
-    for dtype in ("float32", "bfloat16"):
-        for k, v in results["hf"].items():
-            summary[f"{dtype}_{k.removesuffix('_tok_s')}_ratio"] = round(results[f"ours_{dtype}"][k] / v, 2)
+        for k, v in mean["hf"].items():
+            summary[f"{dtype}_{k.removesuffix('_tok_s')}_ratio"] = round(mean[dtype][k] / v, 2)
+    b = f"decode_b{args.batch}_tok_s"
+    summary[f"float32_decode_b{args.batch}_ratio_per_round"] = [
+        round(o[b] / h[b], 2) for o, h in zip(runs["float32"], runs["hf"], strict=True)]
     print(json.dumps(summary))
 
 

@@ -10,49 +10,23 @@ from __future__ import annotations
 import asyncio
 import queue
 import random
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.model_runner import ModelRunner
 from radixgen.runtime.request import Req
 from radixgen.runtime.scheduler import Scheduler
+from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams
 
-T = TypeVar("T")
 Prompt = str | list[str] | None
 Ids = list[int] | list[list[int]] | None
-
-
-def _on_short_lived_thread(build: Callable[[], T]) -> T:
-    """Run `build` (heavy torch work: loading, dequantizing, packing weights) on a thread that exits.
-
-    Each thread that runs parallel torch ops owns an OpenMP thread team for the rest of its life.
-    Loading on the caller's thread would leave its team idle beside the worker's; with more OpenMP
-    threads than cores, libgomp stops spinning between parallel regions and every op pays a wake-up
-    (measured on 2 cores: a batch-1 SmolLM2 forward on the worker thread 57-64 ms instead of 40).
-    """
-    box: list[T] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            box.append(build())
-        except BaseException as e:  # re-raised on the caller's thread
-            errors.append(e)
-
-    thread = threading.Thread(target=run, name="radixgen-load")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
-    return box[0]
 
 
 class Engine:
@@ -64,7 +38,7 @@ class Engine:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
         self.tokenizer = load_tokenizer(model)
-        self.runner = _on_short_lived_thread(lambda: ModelRunner(self.config))
+        self.runner = on_short_lived_thread(lambda: ModelRunner(self.config))
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
