@@ -18,9 +18,10 @@ Measurements, all in one run on the default model (SmolLM2-135M, CPU, float32):
    min_new_tokens = max_new_tokens) and vs HF with the prefix KV computed once and copied to every row
    (DynamicCache.batch_repeat_interleave). Targets: ours >= 8x HF plain and >= 3x HF with the copied prefix.
    The machine's speed drifts over minutes, so after HF plain (once; it also warms HF up) ours (a
-   fresh engine) and HF-copied alternate for `--peer-rounds` rounds (default 2) and the ratios use
-   the mean walls. Also reports how many rows produce the same tokens as HF plain (a sanity check,
-   not a target).
+   fresh engine each round, shut down after it) and HF-copied alternate for `--peer-rounds` rounds
+   (default 2) and the ratios use the mean walls. HF loads and runs on short-lived threads, so no
+   idle OpenMP team of either side is left beside the other (see `radixgen.runtime.threads`). Also
+   reports how many rows produce the same tokens as HF plain (a sanity check, not a target).
 
 Prints one JSON line per measurement and a final summary line with the ratios and whether each target is met.
 `--quick` shrinks everything (prefix 300 tokens, 8 requests, 16 new tokens) to check that the script works.
@@ -47,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from radixgen.runtime.engine import Engine  # noqa: E402
+from radixgen.runtime.threads import on_short_lived_thread  # noqa: E402
 
 TREE_METHODS = ("match_prefix", "insert", "cache_finished_req", "cache_unfinished_req", "evict",
                 "inc_lock_ref", "dec_lock_ref")
@@ -352,6 +354,8 @@ def main() -> None:
 
     # 3. peer case: ours and HF with the copied prefix alternate for --peer-rounds rounds (the machine's
     # speed drifts over minutes; alternating keeps both sides under the same conditions); HF plain once.
+    # HF loads and runs on short-lived threads and each round's engine is shut down before HF runs, so
+    # neither side runs beside the other's idle OpenMP team (see radixgen.runtime.threads).
     model = None
     if not args.skip_hf:
         import transformers
@@ -360,35 +364,40 @@ def main() -> None:
 
         p = default_model_path()
         t = time.perf_counter()
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name,
-                                                                  dtype=torch.float32).eval()
+        model = on_short_lived_thread(lambda: transformers.AutoModelForCausalLM.from_pretrained(
+            str(p.parent), gguf_file=p.name, dtype=torch.float32).eval())
         pad = tok.eos_token_ids[0] if tok.eos_token_ids else 0
         emit({**common, "case": "load", "engine": "hf", "load_s": round(time.perf_counter() - t, 2)})
-        with torch.no_grad():
-            model.generate(torch.tensor([prefix[:32]]), **hf_kwargs(2, pad))  # warm-up
+
+        def hf_warm_up() -> None:
+            with torch.no_grad():
+                model.generate(torch.tensor([prefix[:32]]), **hf_kwargs(2, pad))
+
+        on_short_lived_thread(hf_warm_up)
         # HF plain first: it also warms HF's allocator up for the timed copied-prefix rounds
         # (run cold, the first copied-prefix run took 32 s instead of 20-23 s)
-        wall_hf, hf_out = hf_plain(model, peer_prompts, peer_new, pad)
+        wall_hf, hf_out = on_short_lived_thread(lambda: hf_plain(model, peer_prompts, peer_new, pad))
         emit({**common, "case": "peer", "engine": "hf_plain", "requests": peer_req, "new_tokens": peer_new,
               "wall_s": round(wall_hf, 3)})
-    eng = Engine(max_total_tokens=pool, num_threads=args.threads)
     ours_walls, hfc_walls = [], []
-    try:
-        warm_up(eng, rng)
-        for rnd in range(args.peer_rounds):
+    for rnd in range(args.peer_rounds):
+        eng = Engine(max_total_tokens=pool, num_threads=args.threads)
+        try:
+            warm_up(eng, rng)
             eng.flush_cache()
             wall_peer, peer_res, delta = run_batch(eng, peer_prompts, peer_new)
-            ours_walls.append(wall_peer)
-            emit({**common, "case": "peer", "engine": "radix_on", "round": rnd, "requests": peer_req,
-                  "shared_tokens": peer_shared, "new_tokens": peer_new, "wall_s": round(wall_peer, 3),
-                  **hit_stats(peer_res, peer_shared), **delta})
-            if model is not None:
-                wall_hfc, hfc_out = hf_copied_prefix(model, peer_prompts, peer_shared, peer_new, pad)
-                hfc_walls.append(wall_hfc)
-                emit({**common, "case": "peer", "engine": "hf_copied_prefix", "round": rnd, "requests": peer_req,
-                      "new_tokens": peer_new, "prefix_tokens": peer_shared, "wall_s": round(wall_hfc, 3)})
-    finally:
-        eng.shutdown()
+        finally:
+            eng.shutdown()
+        ours_walls.append(wall_peer)
+        emit({**common, "case": "peer", "engine": "radix_on", "round": rnd, "requests": peer_req,
+              "shared_tokens": peer_shared, "new_tokens": peer_new, "wall_s": round(wall_peer, 3),
+              **hit_stats(peer_res, peer_shared), **delta})
+        if model is not None:
+            wall_hfc, hfc_out = on_short_lived_thread(
+                lambda: hf_copied_prefix(model, peer_prompts, peer_shared, peer_new, pad))
+            hfc_walls.append(wall_hfc)
+            emit({**common, "case": "peer", "engine": "hf_copied_prefix", "round": rnd, "requests": peer_req,
+                  "new_tokens": peer_new, "prefix_tokens": peer_shared, "wall_s": round(wall_hfc, 3)})
     if model is not None:
         ours_out = [r["output_ids"] for r in peer_res]
         same = sum(a == b for a, b in zip(ours_out, hf_out, strict=True))
