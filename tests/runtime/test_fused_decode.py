@@ -43,8 +43,8 @@ def _prefill(runner: ModelRunner, prompts: list[list[int]], shared: int) -> list
 def _decode_step(runner: ModelRunner, seqs: list[tuple[int, list[int]]], tokens: list[int],
                  loc: torch.Tensor) -> torch.Tensor:
     pool = runner.req_to_token_pool
-    for (slot, ids), l in zip(seqs, loc, strict=True):
-        pool.write(slot, len(ids), l.view(1))
+    for (slot, ids), slot_kv in zip(seqs, loc, strict=True):
+        pool.write(slot, len(ids), slot_kv.view(1))
     fb = make_forward_batch([[t] for t in tokens], [len(ids) for _, ids in seqs], [s for s, _ in seqs], loc,
                             table_update=pool.take_updates())
     return runner.forward(fb)  # [B, V]
