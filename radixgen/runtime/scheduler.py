@@ -31,6 +31,7 @@ from radixgen.runtime.jump_forward import plan_jump
 from radixgen.runtime.metrics import SchedulerMetrics
 from radixgen.runtime.model_runner import ModelRunner
 from radixgen.runtime.request import FinishReason, Req
+from radixgen.runtime.threads import serial_torch_on_this_thread
 from radixgen.runtime.worker import ModelWorker
 
 LPM_FALLBACK_QUEUE_LEN = 128  # past this many waiting requests lpm's matching costs more than it saves
@@ -97,6 +98,7 @@ class Scheduler:
     # ------------------------------------------------------------------ loop
 
     def _loop(self) -> None:
+        serial_torch_on_this_thread()  # no OpenMP team here beside the worker's (see runtime/threads.py)
         inflight: tuple[ScheduledBatch, Future[StepOutput]] | None = None
         try:
             while not self._stop:

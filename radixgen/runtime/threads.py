@@ -6,14 +6,21 @@ parallel regions and every region pays a futex wake-up. On 2 cores, an idle team
 (left by loading weights, or by the user's own torch work) took SmolLM2's batch-1 decode on the
 engine's worker thread from 125 to 78-85 tokens/s; batch 16, with longer regions, was unchanged.
 The engine loads its model through `on_short_lived_thread`, and the benchmarks run HF transformers
-through it, so that neither leaves a team behind for the other.
+through it, so that neither leaves a team behind for the other. The engine's long-lived helper
+threads (scheduler, grammar compiles) call `serial_torch_on_this_thread` first: their tensor work is
+small, and one `flush_cache` (a 65,536-slot `arange` on the scheduler thread) used to start a team
+that took batch-1 decode from ~130 to ~85 tokens/s for the rest of the engine's life.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import threading
 from collections.abc import Callable
 from typing import TypeVar
+
+import torch
 
 T = TypeVar("T")
 
@@ -35,3 +42,24 @@ def on_short_lived_thread(fn: Callable[[], T], name: str = "radixgen-load") -> T
     if errors:
         raise errors[0]
     return box[0]
+
+
+@functools.cache
+def _omp_set_num_threads() -> Callable[[int], None] | None:
+    """libgomp's omp_set_num_threads (torch's copy: the same soname is already loaded), or None."""
+    try:
+        fn = ctypes.CDLL("libgomp.so.1").omp_set_num_threads
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], None
+    return fn
+
+
+def serial_torch_on_this_thread() -> None:
+    """Run parallel torch ops issued from the calling thread on that thread alone, so it never starts
+    an OpenMP team. Other threads, and torch's and MKL's process-wide settings, are untouched (unlike
+    `torch.set_num_threads`, which new threads and MKL inherit). A no-op without libgomp."""
+    fn = _omp_set_num_threads()
+    if fn is not None:
+        torch.get_num_threads()  # ATen sets up a thread's OpenMP lazily; first, so it cannot undo ours
+        fn(1)
