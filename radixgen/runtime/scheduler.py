@@ -16,6 +16,7 @@ A request that turns out to have finished at N wastes its N+1 slot, which is fre
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -33,6 +34,8 @@ from radixgen.runtime.model_runner import ModelRunner
 from radixgen.runtime.request import FinishReason, Req
 from radixgen.runtime.threads import serial_torch_on_this_thread
 from radixgen.runtime.worker import ModelWorker
+
+logger = logging.getLogger(__name__)
 
 LPM_FALLBACK_QUEUE_LEN = 128  # past this many waiting requests lpm's matching costs more than it saves
 DECODE_RESERVE_TOKENS = 8  # KV kept free per running request when admitting new prefills
@@ -68,26 +71,53 @@ class Scheduler:
         self.context_length = runner.context_length
         self.jump_forward = not config.disable_jump_forward
         self._stop = False
+        self.error: Exception | None = None  # what stopped the loop, if an internal error did
         self._thread = threading.Thread(target=self._loop, name="radixgen-scheduler", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ API (any thread)
 
     def add_request(self, req: Req) -> None:
+        self._check_alive()
         self.inbox.put(req)
+        if self.error is not None:  # the loop failed while this was being queued: answer it here
+            self._fail_inbox()
 
     def abort(self, rid: str) -> None:
         self.inbox.put(_Control("abort", rid))
 
     def call(self, op: str, arg: object = None, timeout: float | None = None) -> object:
         """Run a control op ("flush_cache", "stats") on the scheduler thread and wait for it."""
+        self._check_alive()
         c = _Control(op, arg)
         self.inbox.put(c)
+        if self.error is not None:
+            self._fail_inbox()
         if not c.done.wait(timeout):
             raise TimeoutError(f"scheduler did not answer {op!r}")
         if isinstance(c.result, Exception):
             raise c.result
         return c.result
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the engine stopped after an internal error ({self.error!r}); start a new Engine")
+
+    def _fail_inbox(self) -> None:
+        """Answer everything still queued after the loop failed: requests finish with "abort", control
+        calls get the error."""
+        message = f"the engine stopped after an internal error ({self.error!r})"
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Req):
+                item.finished = FinishReason("abort", message=message)
+                item.emit({"text": "", "output_ids": [], "meta_info": item.meta_info()})
+            else:
+                item.result = RuntimeError(message)
+                item.done.set()
 
     def shutdown(self) -> None:
         self._stop = True
@@ -121,10 +151,12 @@ class Scheduler:
                     inflight = (batch, future)
             if inflight is not None:
                 self._process(inflight[0], inflight[1].result())
-        except Exception as e:  # a bug must not hang callers: fail everything in flight
+        except Exception as e:  # a bug must not hang callers: fail everything in flight and everything later
+            self.error = e
             for req in self.running + self.waiting:
                 self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
-            raise
+            self._fail_inbox()
+            logger.exception("the scheduler stopped after an internal error")
         for req in self.running + self.waiting:
             self._finish(req, FinishReason("abort", message="engine shut down"))
 

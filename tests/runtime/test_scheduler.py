@@ -174,3 +174,23 @@ def test_overlap_on_and_off_identical(engine):
     assert [r["output_ids"] for r in on] == [r["output_ids"] for r in off]
     assert [r["text"] for r in on] == [r["text"] for r in off]
     assert engine.flush_cache() and engine.get_stats()["kv_used"] == 0
+
+
+def test_internal_error_fails_requests_instead_of_hanging(tiny_models):
+    """A failing forward (a stand-in for an engine bug: the embedding loses rows, so the lookup raises)
+    ends the request in flight with "abort", and later calls raise at once instead of waiting."""
+    eng = Engine(str(tiny_models["llama"]), max_total_tokens=256)
+    try:
+        params = {"temperature": 0, "max_new_tokens": 2}
+        ok = eng.generate(input_ids=[5, 6, 7], sampling_params=params)
+        assert ok["meta_info"]["finish_reason"]["type"] == "length"
+        eng.runner.model.embed.data = eng.runner.model.embed.data[:2]
+        out = eng.generate(input_ids=[5, 6, 7, 8], sampling_params=params)
+        reason = out["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "internal error" in reason["message"]
+        with pytest.raises(RuntimeError, match="internal error.*start a new Engine"):
+            eng.generate(input_ids=[5, 6], sampling_params=params)
+        with pytest.raises(RuntimeError, match="internal error"):
+            eng.flush_cache()
+    finally:
+        eng.shutdown()
