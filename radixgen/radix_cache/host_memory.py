@@ -39,7 +39,7 @@ def empty_kv_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     kernel refuses the advice: the tensor works the same, only page faults cost more)."""
     device = torch.device(device)
     madvise = _madvise()
-    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if device.type != "cpu" or madvise is None or nbytes < HUGE_PAGE:
         return torch.empty(shape, dtype=dtype, device=device)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched: large allocations are fresh mmaps

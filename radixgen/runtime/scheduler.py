@@ -78,35 +78,36 @@ class Scheduler:
     # ------------------------------------------------------------------ API (any thread)
 
     def add_request(self, req: Req) -> None:
-        self._check_alive()
-        self.inbox.put(req)
-        if self.error is not None:  # the loop failed while this was being queued: answer it here
-            self._fail_inbox()
+        self._put(req)
 
     def abort(self, rid: str) -> None:
-        self.inbox.put(_Control("abort", rid))
+        self._put(_Control("abort", rid), check=False)  # nothing to abort once the loop has failed
 
     def call(self, op: str, arg: object = None, timeout: float | None = None) -> object:
         """Run a control op ("flush_cache", "stats") on the scheduler thread and wait for it."""
-        self._check_alive()
         c = _Control(op, arg)
-        self.inbox.put(c)
-        if self.error is not None:
-            self._fail_inbox()
+        self._put(c)
         if not c.done.wait(timeout):
             raise TimeoutError(f"scheduler did not answer {op!r}")
         if isinstance(c.result, Exception):
             raise c.result
         return c.result
 
-    def _check_alive(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the engine stopped after an internal error ({self.error!r}); start a new Engine")
+    def _error_message(self) -> str:
+        return f"the engine stopped after an internal error ({self.error!r}); start a new Engine"
+
+    def _put(self, item: Req | _Control, check: bool = True) -> None:
+        """Queue `item` for the loop; once the loop has failed, raise (`check`) or answer it here."""
+        if check and self.error is not None:
+            raise RuntimeError(self._error_message())
+        self.inbox.put(item)
+        if self.error is not None:  # the loop failed while this was being queued
+            self._fail_inbox()
 
     def _fail_inbox(self) -> None:
         """Answer everything still queued after the loop failed: requests finish with "abort", control
         calls get the error."""
-        message = f"the engine stopped after an internal error ({self.error!r})"
+        message = self._error_message()
         while True:
             try:
                 item = self.inbox.get_nowait()
@@ -157,6 +158,7 @@ class Scheduler:
                 self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
             self._fail_inbox()
             logger.exception("the scheduler stopped after an internal error")
+            return  # (requests still in flight were finished above, once)
         for req in self.running + self.waiting:
             self._finish(req, FinishReason("abort", message="engine shut down"))
 

@@ -6,10 +6,10 @@ parallel regions and every region pays a futex wake-up. On 2 cores, an idle team
 (left by loading weights, or by the user's own torch work) took SmolLM2's batch-1 decode on the
 engine's worker thread from 125 to 78-85 tokens/s; batch 16, with longer regions, was unchanged.
 The engine loads its model through `on_short_lived_thread`, and the benchmarks run HF transformers
-through it, so that neither leaves a team behind for the other. The engine's long-lived helper
-threads (scheduler, grammar compiles) call `serial_torch_on_this_thread` first: their tensor work is
-small, and one `flush_cache` (a 65,536-slot `arange` on the scheduler thread) used to start a team
-that took batch-1 decode from ~130 to ~85 tokens/s for the rest of the engine's life.
+through it, so that neither leaves a team behind for the other. The engine's scheduler thread calls
+`serial_torch_on_this_thread` first: its tensor work is small, and one `flush_cache` (a 65,536-slot
+`arange` on the scheduler thread) used to start a team that took batch-1 decode from ~130 to ~85
+tokens/s for the rest of the engine's life.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 
 import pytest
 import torch
@@ -19,14 +18,6 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _on_thread(fn):
-    box = []
-    t = threading.Thread(target=lambda: box.append(fn()))
-    t.start()
-    t.join()
-    return box[0]
-
-
 def test_serial_thread_runs_parallel_ops_without_a_team():
     main_threads = torch.get_num_threads()
 
@@ -37,10 +28,10 @@ def test_serial_thread_runs_parallel_ops_without_a_team():
         y = (x * 2 + 1).sum()  # elementwise ops this size run in parallel on a thread with a team
         return torch.get_num_threads(), _threads() - before, float(y)
 
-    n, started, _ = _on_thread(work)
+    n, started, _ = on_short_lived_thread(work)
     assert n == 1 and started == 0
     assert torch.get_num_threads() == main_threads  # the caller's setting is untouched
-    assert _on_thread(torch.get_num_threads) == main_threads  # and new threads do not inherit 1
+    assert on_short_lived_thread(torch.get_num_threads) == main_threads  # and new threads do not inherit 1
 
 
 def test_short_lived_thread_returns_and_raises():
