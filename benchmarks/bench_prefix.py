@@ -383,8 +383,7 @@ def main() -> None:
     for rnd in range(args.peer_rounds):
         eng = Engine(max_total_tokens=pool, num_threads=args.threads)
         try:
-            warm_up(eng, rng)
-            eng.flush_cache()
+            warm_up(eng, rng)  # ends with the cache flushed
             wall_peer, peer_res, delta = run_batch(eng, peer_prompts, peer_new)
         finally:
             eng.shutdown()
