@@ -175,8 +175,8 @@ def extend_vs_sdpa(b: int, s: int, args: argparse.Namespace) -> float:
     """Time the Triton extend kernel and flash SDPA on b causal sequences of s tokens; return sdpa/ours."""
     import torch.nn.functional as F
 
-    from radixgen.runtime.forward_batch import make_forward_batch
-    from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention
+    from radixgen.runtime.executor.forward_batch import make_forward_batch
+    from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
 
     dev, hd, n = args.device, args.hidden // args.heads, b * s
     q = torch.randn(n, args.heads, hd, device=dev, dtype=torch.bfloat16)  # [T, H, D]
@@ -201,9 +201,9 @@ def extend_vs_sdpa(b: int, s: int, args: argparse.Namespace) -> float:
 
 def kernel_accuracy(args: argparse.Namespace) -> dict:
     """Triton vs torch-path max abs difference on mixed extend/decode batches, on this device."""
-    from radixgen.runtime.attention import AttentionMetadata, attention
-    from radixgen.runtime.forward_batch import make_forward_batch
-    from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention
+    from radixgen.runtime.executor.forward_batch import make_forward_batch
+    from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
+    from radixgen.runtime.layers.attention import AttentionMetadata, attention
 
     dev, hd = args.device, args.hidden // args.heads
     res: dict = {}

@@ -37,6 +37,7 @@ import outlines_core
 import torch
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixgen.common.byte_vocab import gpt2_byte_decoder
 from radixgen.grammar.base import (
     KIND_LABELS,
     CompiledGrammar,
@@ -48,7 +49,6 @@ from radixgen.grammar.base import (
     set_token_bit,
 )
 from radixgen.grammar.jump_forward import CharState, RegexJumpForward
-from radixgen.runtime.tokenizer import gpt2_byte_decoder
 
 SENTINEL = "\U0010ffff"
 FLEXIBLE_WHITESPACE = r"[ \t\n\r]*"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixgen.common.transfer import to_device
 from radixgen.radix_cache.host_memory import empty_kv_buffer
-from radixgen.runtime.transfer import to_device
 
 
 class TokenAllocator:

@@ -18,9 +18,9 @@ from typing import Any
 
 from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.model_runner import ModelRunner
-from radixgen.runtime.request import Req
-from radixgen.runtime.scheduler import Scheduler
+from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.scheduler.request import Req
+from radixgen.runtime.scheduler.scheduler import Scheduler
 from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams

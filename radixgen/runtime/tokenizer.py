@@ -18,18 +18,6 @@ from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 DETOK_CONTEXT = 5  # tokens of left context used to decode a boundary correctly
 
 
-def gpt2_byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes-to-unicode table: the printable stand-in character byte-level BPE
-    vocabularies use for each byte -> that byte's value."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, shifted = {chr(b): b for b in keep}, 0
-    for b in range(256):
-        if b not in keep:
-            table[chr(256 + shifted)] = b
-            shifted += 1
-    return table
-
-
 class Tokenizer:
     """A thin wrapper over a HF fast tokenizer with the facts the engine needs."""
 

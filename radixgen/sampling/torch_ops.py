@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixgen.runtime.transfer import to_device
+from radixgen.common.transfer import to_device
 from radixgen.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")

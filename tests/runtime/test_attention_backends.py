@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool
-from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.layers.attention import get_attention_backend
 
 
 def test_backend_selection(monkeypatch):
@@ -43,9 +43,9 @@ def test_triton_backend_engine_equals_torch(tiny_models, engine_greedy_outputs):
 def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models):
     """The CUDA-graph runner's static, padded decode path (run eagerly on CPU) gives the plain
     forward's logits: 3 requests padded to a captured size of 4, then 2 padded to 2 after a step."""
-    from radixgen.runtime.cuda_graph import DecodeGraphRunner
-    from radixgen.runtime.forward_batch import make_forward_batch
-    from radixgen.runtime.model_runner import ModelRunner
+    from radixgen.runtime.executor.cuda_graph import DecodeGraphRunner
+    from radixgen.runtime.executor.forward_batch import make_forward_batch
+    from radixgen.runtime.executor.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig(model=str(tiny_models["llama"]), attention_backend="triton",
                                       max_total_tokens=1024, max_running_requests=8))
@@ -90,8 +90,8 @@ def _naive_attention(q, k_buffer, v_buffer, r2t_rows, prefix_lens, extend_lens, 
 def test_shared_prefix_cascade_matches_naive(h, h_kv, extend_lens):
     """Requests whose KV rows start with the same slots take the cascade path (shared part once,
     merged by log-sum-exp); results equal a naive per-request softmax."""
-    from radixgen.runtime.attention import SHARED_PREFIX_MIN, AttentionMetadata, attention
-    from radixgen.runtime.forward_batch import make_forward_batch
+    from radixgen.runtime.executor.forward_batch import make_forward_batch
+    from radixgen.runtime.layers.attention import SHARED_PREFIX_MIN, AttentionMetadata, attention
 
     g = torch.Generator().manual_seed(len(extend_lens) * 10 + h)
     shared, d = SHARED_PREFIX_MIN + 37, 16

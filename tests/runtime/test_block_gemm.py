@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixgen.runtime.models.block_gemm import (
+from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
     block_linear,
     concat_rows,
@@ -90,7 +90,7 @@ def test_bad_input_is_rejected():
 def test_smollm2_decodes_through_block_weights(smollm2_path):
     """The default model's every matrix gets a block copy (so its logits test covers the kernel)."""
     from radixgen.runtime.config import EngineConfig
-    from radixgen.runtime.model_runner import ModelRunner
+    from radixgen.runtime.executor.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig(max_total_tokens=64, max_running_requests=1))
     assert runner.model.block_weight_count == 4 * runner.model_config.num_layers + 1

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixgen.runtime import cpu_attention
-from radixgen.runtime.attention import get_attention_backend
+from radixgen.runtime.kernels import decode_attention as cpu_attention
+from radixgen.runtime.layers.attention import get_attention_backend
 
 pytestmark = pytest.mark.skipif(cpu_attention.library() is None, reason="no C compiler to build the kernel")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixgen.runtime import cpu_layer_ops
+from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
 from radixgen.runtime.models.llama import Rotary
 
 pytestmark = pytest.mark.skipif(cpu_layer_ops.library() is None, reason="no C compiler to build the kernels")

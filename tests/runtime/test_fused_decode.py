@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.forward_batch import make_forward_batch
-from radixgen.runtime.model_runner import ModelRunner
-from radixgen.runtime.models.fused_decode import FusedDecode, library
+from radixgen.runtime.executor.forward_batch import make_forward_batch
+from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.kernels.decode_layers import FusedDecode, library
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the kernels")
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.forward_batch import make_forward_batch
-from radixgen.runtime.model_runner import ModelRunner
+from radixgen.runtime.executor.forward_batch import make_forward_batch
+from radixgen.runtime.executor.model_runner import ModelRunner
 
 ATOL = 2e-3
 

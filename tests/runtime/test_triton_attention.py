@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from radixgen.runtime.attention import AttentionMetadata, attention
-from radixgen.runtime.forward_batch import ForwardBatch, make_forward_batch
-from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention
+from radixgen.runtime.executor.forward_batch import ForwardBatch, make_forward_batch
+from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
+from radixgen.runtime.layers.attention import AttentionMetadata, attention
 
 TOL = 2e-3
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
-from radixgen.runtime import cpu_layer_ops
-from radixgen.runtime.attention import AttentionBackend
-from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.models.block_gemm import (
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
+from radixgen.runtime.kernels.block_gemm import (
     BlockWeight,
     PanelWeight,
     block_linear,
@@ -24,9 +23,10 @@ from radixgen.runtime.models.block_gemm import (
     pack_panels,
     use_blocks,
 )
+from radixgen.runtime.kernels.decode_layers import FusedDecode
+from radixgen.runtime.layers.attention import AttentionBackend
+from radixgen.runtime.layers.packed_linear import pack_parameter, pack_weight, packed_linear
 from radixgen.runtime.models.config import ModelConfig
-from radixgen.runtime.models.fused_decode import FusedDecode
-from radixgen.runtime.models.packed_linear import pack_parameter, pack_weight, packed_linear
 
 
 class Rotary(nn.Module):

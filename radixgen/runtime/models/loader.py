@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from radixgen.runtime.models.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, from_gguf
+from radixgen.runtime.kernels.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, from_gguf
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 

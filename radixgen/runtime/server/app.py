@@ -38,6 +38,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
+from radixgen.common.byte_vocab import gpt2_byte_decoder
 from radixgen.runtime.server.protocol import (
     APIError,
     DetokenizeRequest,
@@ -48,7 +49,6 @@ from radixgen.runtime.server.protocol import (
     bad_request,
     error_from_value_error,
 )
-from radixgen.runtime.tokenizer import gpt2_byte_decoder
 
 logger = logging.getLogger("radixgen.server")
 T = TypeVar("T")

@@ -15,10 +15,10 @@ import functools
 import torch
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
-from radixgen.runtime import cpu_kernels
-from radixgen.runtime.attention import AttentionMetadata, DecodeCall
-from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.models.block_gemm import BLOCK_MAX_ROWS, PanelWeight
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.kernels import build as cpu_kernels
+from radixgen.runtime.kernels.block_gemm import BLOCK_MAX_ROWS, PanelWeight
+from radixgen.runtime.layers.attention import AttentionMetadata, DecodeCall
 
 MATRICES = ("qkv", "o_proj", "gate_up", "down")  # in the table's order (csrc/decode_layers.c F_*)
 

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 import torch
 
 from radixgen.radix_cache.radix_tree import RadixCache
-from radixgen.runtime.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.jump_forward import plan_jump
-from radixgen.runtime.metrics import SchedulerMetrics
-from radixgen.runtime.model_runner import ModelRunner
-from radixgen.runtime.request import FinishReason, Req
+from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.executor.worker import ModelWorker
+from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
+from radixgen.runtime.scheduler.jump_forward import plan_jump
+from radixgen.runtime.scheduler.metrics import SchedulerMetrics
+from radixgen.runtime.scheduler.request import FinishReason, Req
 from radixgen.runtime.threads import serial_torch_on_this_thread
-from radixgen.runtime.worker import ModelWorker
 
 logger = logging.getLogger(__name__)
 

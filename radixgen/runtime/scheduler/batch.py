@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool
-from radixgen.runtime.forward_batch import ForwardBatch, make_forward_batch
-from radixgen.runtime.request import Req
+from radixgen.runtime.executor.forward_batch import ForwardBatch, make_forward_batch
+from radixgen.runtime.scheduler.request import Req
 
 
 @dataclass

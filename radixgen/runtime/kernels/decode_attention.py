@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from radixgen.runtime import cpu_kernels
+from radixgen.runtime.kernels import build as cpu_kernels
 
 KV_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -1,7 +1,7 @@
 """float32 GEMMs on weights kept in GGUF's 32-weight blocks (Q4_0, Q4_1, Q8_0), for CPU decoding.
 
 A decode step multiplies a handful of activation rows by every weight matrix. A Q4_1 matrix
-dequantized to float32 is 4 bytes a weight; kept in its blocks it is 0.56. `runtime/csrc/block_gemm.c`
+dequantized to float32 is 4 bytes a weight; kept in its blocks it is 0.56. `runtime/kernels/csrc/block_gemm.c`
 reads the blocks repacked into panels of 16 output rows (`pack_panels`), widens each weight column
 in registers to exactly the float32 values the gguf package dequantizes to, and multiplies it into
 up to 16 activation rows at once. SmolLM2-135M, 2 threads, vs oneDNN on the dense float32 weights:
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixgen.runtime import cpu_kernels
+from radixgen.runtime.kernels import build as cpu_kernels
 
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel beats the dense GEMM

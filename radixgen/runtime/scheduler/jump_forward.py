@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixgen.runtime.request import Req
+from radixgen.runtime.scheduler.request import Req
 
 JUMP_TAIL_TOKENS = 4  # output tokens re-tokenized together with the forced string
 

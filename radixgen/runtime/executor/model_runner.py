@@ -5,16 +5,16 @@ from __future__ import annotations
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixgen.runtime import cpu_layer_ops
-from radixgen.runtime.attention import get_attention_backend
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
-from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.models import block_gemm
+from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.kernels import block_gemm
+from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
+from radixgen.runtime.layers.attention import get_attention_backend
+from radixgen.runtime.layers.packed_linear import can_pack
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
 from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
-from radixgen.runtime.models.packed_linear import can_pack
 from radixgen.runtime.models.resolve import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixgen.common.transfer import to_device
 from radixgen.radix_cache.memory_pool import TableUpdate
-from radixgen.runtime.transfer import to_device
 
 
 @dataclass

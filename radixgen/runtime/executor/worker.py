@@ -17,11 +17,11 @@ from concurrent.futures import Future
 
 import torch
 
+from radixgen.common.transfer import to_device
 from radixgen.grammar.base import allocate_bitmask
-from radixgen.runtime.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.model_runner import ModelRunner
-from radixgen.runtime.transfer import to_device
+from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.sampling.sampler import Sampler
 from radixgen.sampling.torch_ops import SamplingBatch
 

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.transfer import to_device
+from radixgen.common.transfer import to_device
+from radixgen.runtime.executor.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
 

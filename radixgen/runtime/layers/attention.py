@@ -20,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from radixgen.runtime import cpu_attention
-from radixgen.runtime.forward_batch import ForwardBatch
-from radixgen.runtime.transfer import to_device
+from radixgen.common.transfer import to_device
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.kernels import decode_attention as cpu_attention
 
 
 @dataclass
@@ -266,6 +266,6 @@ def get_attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU, "
                          "for tests); use 'torch' on CPU")
-    from radixgen.runtime.triton_attention import TritonAttentionMetadata, triton_attention  # lazy: triton
+    from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention  # lazy: triton
 
     return AttentionBackend("triton", TritonAttentionMetadata.build, triton_attention)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixgen.runtime.forward_batch import ForwardBatch
+from radixgen.runtime.executor.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
-    from radixgen.runtime.model_runner import ModelRunner
+    from radixgen.runtime.executor.model_runner import ModelRunner
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -29,7 +29,7 @@ class DecodeGraphRunner:
     """Replays captured decode forwards for batches of at most `max(batch_sizes)` decode rows."""
 
     def __init__(self, runner: ModelRunner, batch_sizes: tuple[int, ...], capture: bool) -> None:
-        from radixgen.runtime.triton_attention import TritonAttentionMetadata  # lazy: triton
+        from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata  # lazy: triton
 
         if runner.attention.name != "triton":
             raise ValueError("decode graphs need the triton attention backend")

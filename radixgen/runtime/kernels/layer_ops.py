@@ -9,7 +9,7 @@ import functools
 
 import torch
 
-from radixgen.runtime import cpu_kernels
+from radixgen.runtime.kernels import build as cpu_kernels
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 

@@ -1,0 +1,1 @@
+"""Small helpers every component may import (no imports from the components themselves)."""
