@@ -49,6 +49,9 @@ class EngineConfig:
     float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
     seed: int = 0
     """Seed for requests that give none."""
+    debug_kv_check: bool = False
+    """After every scheduler step, check that each KV slot has exactly one owner, the radix tree's
+    locks match the running requests and their req_to_token rows agree with the tree (slow: debugging)."""
     num_threads: int | None = None
     """torch CPU threads (default: torch's choice)."""
 
