@@ -203,7 +203,7 @@ def kernel_accuracy(args: argparse.Namespace) -> dict:
     """Triton vs torch-path max abs difference on mixed extend/decode batches, on this device."""
     from radixgen.runtime.executor.forward_batch import make_forward_batch
     from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
-    from radixgen.runtime.layers.attention import AttentionMetadata, attention
+    from radixgen.runtime.layers.attention.torch_backend import AttentionMetadata, attention
 
     dev, hd = args.device, args.hidden // args.heads
     res: dict = {}
