@@ -1,8 +1,9 @@
 """Req: one sequence's state inside the scheduler, and how it finished.
 
 A request's KV bookkeeping lives in one `KVState` object that only the KV manager
-(`kv_manager.py`) writes, and its overlap-schedule bookkeeping in one `Flight` object that only
-the scheduler loop writes when it launches a batch and when it processes the batch's results.
+(`kv_manager.py`) writes, and its overlap-schedule bookkeeping in one `Flight` object that the
+scheduler loop updates when it launches a batch and when it processes the batch's results (and a
+jump-forward marks in-flight results stale).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class KVState:
 
 @dataclass
 class Flight:
-    """The overlap schedule's view of a request (written by the scheduler loop only).
+    """The overlap schedule's view of a request.
 
     `batches` launched batches hold the request; `pending` tokens sampled by them are not yet known
     to the scheduler, the latest at row `pending_ref` of its batch's sampled tokens (a later batch's
