@@ -77,13 +77,16 @@ class TPGroup:
         header = wire.empty_header()
         dist.broadcast(header, 0, group=self.control)
         if wire.is_stop(header):
+            dist.barrier(group=self.payload)  # tell rank 0 the stop arrived before anyone disconnects
             return None
         payload = wire.empty_payload(header)
         dist.broadcast(payload, 0, group=self.payload)
         return wire.unpack(header, payload, self.device)
 
     def send_stop(self) -> None:
+        """Rank 0: end the other ranks' loops; returns once every rank has the message."""
         dist.broadcast(wire.stop_header(), 0, group=self.control)
+        dist.barrier(group=self.payload)
 
     def check_startup(self, error: str | None) -> None:
         """Every rank reports whether it loaded; raise on every rank if any failed (with the reasons)."""
