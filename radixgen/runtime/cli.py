@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import inspect
 import logging
 import os
@@ -24,6 +25,7 @@ import runpy
 import sys
 import textwrap
 import typing
+from collections.abc import Iterator
 from dataclasses import MISSING, fields
 from typing import Any
 
@@ -153,6 +155,14 @@ def serve(args: argparse.Namespace) -> None:
             def handle_exit(self, sig: int, frame: Any) -> None:
                 state.draining = True  # new requests get 503 while in-flight ones finish
                 super().handle_exit(sig, frame)
+
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                with super().capture_signals():
+                    try:
+                        yield
+                    finally:  # uvicorn re-raises the stopping signal after this: shut down first
+                        engine.shutdown()
 
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=5, access_log=args.log_level == "debug")
