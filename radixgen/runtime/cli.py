@@ -1,7 +1,11 @@
 """The `radixgen` command: `serve` (the HTTP server) and `run` (a Python file with @function programs).
 
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
+    radixgen router --worker-urls URL [URL ...] [--host H] [--port P] [every RouterConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
+
+`serve --dp-size N` starts N replicas behind a router in this process; `serve --node-rank K` (K > 0)
+runs that machine's tensor-parallel ranks for node 0's engine (see docs/scaling.md).
 
 The engine flags are generated from `EngineConfig`'s fields (so a flag and a field never drift): the
 name with dashes, the type and choices from the annotation, the help from the docstring under the
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import inspect
 import logging
 import os
@@ -20,10 +25,12 @@ import runpy
 import sys
 import textwrap
 import typing
+from collections.abc import Iterator
 from dataclasses import MISSING, fields
 from typing import Any
 
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.router.config import RouterConfig
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -49,10 +56,16 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
 
 def add_engine_flags(parser: argparse.ArgumentParser, aliases: dict[str, list[str]] | None = None) -> None:
     """One flag per EngineConfig field."""
-    hints = typing.get_type_hints(EngineConfig)
-    docs = field_docs(EngineConfig)
-    group = parser.add_argument_group("engine options (EngineConfig fields)")
-    for f in fields(EngineConfig):
+    add_config_flags(parser, EngineConfig, "engine options (EngineConfig fields)", aliases)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, title: str,
+                     aliases: dict[str, list[str]] | None = None) -> None:
+    """One flag per field of the config dataclass `cls`, in an argument group titled `title`."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    group = parser.add_argument_group(title)
+    for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         names = [flag, *(aliases or {}).get(f.name, [])]
         default = f.default if f.default is not MISSING else None
@@ -76,12 +89,16 @@ def add_engine_flags(parser: argparse.ArgumentParser, aliases: dict[str, list[st
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
+    return config_kwargs(args, EngineConfig)
+
+
+def config_kwargs(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in fields(cls)}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixgen", description="radixgen: structured generation runtime.")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,run}")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,router,run}")
     sub.required = True
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                            description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, "
@@ -96,6 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                        help="log level of the server (default: warning)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
+    add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
+    router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
+                            description="A cache-aware router in front of `radixgen serve` replicas (e.g. on "
+                                        "other machines): the same routes as one server, plus /workers.")
+    router.add_argument("--worker-urls", nargs="+", required=True, metavar="URL",
+                        help="base URLs of the replicas, e.g. http://10.0.0.5:30000")
+    router.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    router.add_argument("--port", type=int, default=30000, help="port to bind (default: 30000)")
+    router.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="log level of the router (default: warning)")
+    add_config_flags(router, RouterConfig, "router options (RouterConfig fields)")
     run = sub.add_parser("run", help="run a Python file (e.g. @function programs) with runpy",
                          description="Run a Python file as __main__; with --endpoint its programs default to "
                                      "that server (RuntimeEndpoint).")
@@ -108,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
+
+    if args.node_rank > 0 or args.dp_size > 1:
+        from radixgen.runtime.router.replicas import serve_scaled_out  # lazy: httpx, subprocesses
+
+        sys.exit(serve_scaled_out(args))
 
     from radixgen.runtime.engine import Engine
     from radixgen.runtime.server import create_app
@@ -122,6 +155,14 @@ def serve(args: argparse.Namespace) -> None:
             def handle_exit(self, sig: int, frame: Any) -> None:
                 state.draining = True  # new requests get 503 while in-flight ones finish
                 super().handle_exit(sig, frame)
+
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                with super().capture_signals():
+                    try:
+                        yield
+                    finally:  # uvicorn re-raises the stopping signal after this: shut down first
+                        engine.shutdown()
 
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=5, access_log=args.log_level == "debug")
@@ -148,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         serve(args)
+    elif args.command == "router":
+        from radixgen.runtime.router.replicas import run_router  # lazy: httpx
+
+        run_router(args)
     else:
         run_program(args)
 

@@ -53,7 +53,21 @@ class EngineConfig:
     """After every scheduler step, check that each KV slot has exactly one owner, the radix tree's
     locks match the running requests and their req_to_token rows agree with the tree (slow: debugging)."""
     num_threads: int | None = None
-    """torch CPU threads (default: torch's choice)."""
+    """torch CPU threads (default: torch's choice; under tensor parallelism, the cores divided among the
+    node's ranks)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks: one process per rank, each holding 1/tp_size of the weights and KV heads
+    (gloo on CPU, nccl on CUDA). See docs/scaling.md."""
+    dp_size: int = 1
+    """Data-parallel replicas for `radixgen serve`: this many engines as processes, each with its own KV
+    pool and radix cache, behind a cache-aware router in the serving process."""
+    nnodes: int = 1
+    """Machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)."""
+    node_rank: int = 0
+    """This machine's index among `nnodes` (0 runs the scheduler and the server)."""
+    dist_init_addr: str | None = None
+    """host:port of node 0 where the ranks meet (torch.distributed TCP store); needed when nnodes > 1,
+    default on one machine: a free local port."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -67,6 +81,12 @@ class EngineConfig:
             ("sampling_backend", self.sampling_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
             ("attention_backend", self.attention_backend in ("auto", "torch", "torch-sdpa", "triton"),
              "auto, torch, torch-sdpa or triton"),
+            ("tp_size", self.tp_size >= 1, ">= 1"),
+            ("dp_size", self.dp_size >= 1, ">= 1"),
+            ("nnodes", self.nnodes >= 1 and self.tp_size % self.nnodes == 0, f">= 1 and divide tp_size={self.tp_size}"),
+            ("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, nnodes={self.nnodes})"),
+            ("dist_init_addr", _is_host_port(self.dist_init_addr) if self.dist_init_addr is not None
+             else self.nnodes == 1, "host:port (and given when nnodes > 1)"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -75,3 +95,8 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

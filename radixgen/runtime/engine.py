@@ -18,7 +18,7 @@ from typing import Any
 
 from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.distributed import make_model_runner
 from radixgen.runtime.executor.worker import ModelWorker
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
@@ -40,7 +40,7 @@ class Engine:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
         self.tokenizer = load_tokenizer(model)
-        self.runner = on_short_lived_thread(lambda: ModelRunner(self.config))
+        self.runner = on_short_lived_thread(lambda: make_model_runner(self.config))
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
@@ -287,6 +287,7 @@ class Engine:
         if not self._closed:
             self._closed = True
             self.scheduler.shutdown()
+            self.runner.close()
             if self._grammar_cache is not None:
                 self._grammar_cache.shutdown(wait=False)
 

@@ -1,4 +1,8 @@
-"""ModelRunner: owns the model and the KV pools; turns a ForwardBatch into logits."""
+"""ModelRunner: owns the model and the KV pools; turns a ForwardBatch into logits.
+
+Under tensor parallelism every rank has one over its shard (`tp`): its KV heads in the pool, dense
+matrices (no GGUF blocks), no CUDA graphs; `runtime/distributed/` drives the ranks in lockstep.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,10 @@ from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.layers.attention import get_attention_backend
 from radixgen.runtime.layers.linear import can_pack, can_use_blocks
+from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
-from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
+from radixgen.runtime.models.loader import load_gguf_blocks, open_checkpoint
 from radixgen.runtime.models.resolve import resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -27,36 +32,38 @@ class ModelRunner:
     """Loads weights into our LlamaModel, picks its representations for the device, and allocates
     the request-slot and KV pools."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         self.engine_config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        model_config, weights = load_model_weights(config.model)
+        model_config, checkpoint = open_checkpoint(config.model)
         self.model_config: ModelConfig = model_config
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
-        model = LlamaModel(model_config, self.context_length)
-        model.load_hf_weights(weights)
-        del weights
+        model = LlamaModel(model_config, self.context_length, tp)
+        model.load_weights(checkpoint)
+        del checkpoint
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
         path = resolve_model_path(config.model)
         blocks = None
-        if path.suffix == ".gguf" and not config.disable_block_kernels and can_use_blocks(self.device, self.dtype):
+        if (path.suffix == ".gguf" and tp is None and not config.disable_block_kernels
+                and can_use_blocks(self.device, self.dtype)):
             blocks = load_gguf_blocks(path, model_config)
         self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
                               c_kernels=layer_ops.available(self.device, self.dtype))
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
-            config.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+            config.max_total_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.dtype, self.device
         )
         self.model.bind_kv_pool(self.token_to_kv_pool)
         self.decode_graphs: DecodeGraphRunner | None = None
-        if self.device.type == "cuda" and self.attention.supports_cuda_graph and not config.disable_cuda_graph:
+        if (self.device.type == "cuda" and tp is None and self.attention.supports_cuda_graph
+                and not config.disable_cuda_graph):
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
@@ -76,3 +83,6 @@ class ModelRunner:
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             return self.decode_graphs.forward(fb)
         return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention)
+
+    def close(self) -> None:
+        """Release what outlives the engine's threads (nothing in one process; the ranks under TP)."""

@@ -7,6 +7,11 @@ K/V read and written through the TokenToKVPool. q/k/v and gate/up projections ar
 matrix each. The weights load as plain tensors; `specialize` then picks each layer's
 representations for the device (oneDNN-packed or GGUF-block linears, C per-token ops), and
 `bind_kv_pool` sets up the one-call C decode step where it applies.
+
+Under tensor parallelism (`tp`) each rank builds the same model over its shard (`sharding.py`): its
+query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
+embedding and lm_head vocab-parallel (`layers/parallel.py`). The one-call C decode is off there (the
+all-reduces between layers cannot happen inside one C call); every other path is unchanged.
 """
 
 from __future__ import annotations
@@ -20,33 +25,51 @@ from radixgen.runtime.kernels.block_gemm import BlockWeight, concat_rows
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
-from radixgen.runtime.layers.linear import BlockLinear, DenseLinear, specialize
+from radixgen.runtime.layers.linear import BlockLinear, DenseLinear, Linear, specialize
 from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
+from radixgen.runtime.layers.parallel import (
+    RowParallelLinear,
+    ShardedLinear,
+    TensorParallel,
+    VocabParallelHead,
+    embed_lookup,
+)
 from radixgen.runtime.layers.rotary import Rotary
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.loader import Checkpoint
+from radixgen.runtime.models.sharding import ShardPlan
+
+
+def _row_parallel(linear: DenseLinear, tp: TensorParallel | None) -> Linear:
+    return linear if tp is None else RowParallelLinear(linear, tp.comm)
+
+
+def _dense(m: Linear) -> DenseLinear:
+    """The loaded weight of a matrix (inside its tensor-parallel wrapper, if any)."""
+    return m.inner if isinstance(m, ShardedLinear) else m
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int) -> None:
+    def __init__(self, hidden: int, inter: int, tp: TensorParallel | None) -> None:
         super().__init__()
-        self.gate_up = DenseLinear(hidden, 2 * inter)
+        self.gate_up = DenseLinear(hidden, 2 * inter)  # this rank's columns of gate and up
         self.act = SiluAndMul()
-        self.down = DenseLinear(inter, hidden)
+        self.down = _row_parallel(DenseLinear(inter, hidden), tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.act(self.gate_up(x)))  # [T, hidden]
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: ModelConfig, layer_id: int) -> None:
+    def __init__(self, c: ModelConfig, layer_id: int, plan: ShardPlan, tp: TensorParallel | None) -> None:
         super().__init__()
-        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q_size, kv_size = plan.heads * c.head_dim, plan.kv_heads * c.head_dim  # this rank's heads
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.qkv = DenseLinear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
-        self.attn = Attention(layer_id, c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None)
-        self.o_proj = DenseLinear(q_size, c.hidden_size)
+        self.attn = Attention(layer_id, plan.heads, plan.kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None)
+        self.o_proj = _row_parallel(DenseLinear(q_size, c.hidden_size), tp)
         self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, c.intermediate_size)
+        self.mlp = MLP(c.hidden_size, plan.intermediate, tp)
 
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """hidden [T, hidden] (the residual stream) -> the same after this layer."""
@@ -60,27 +83,33 @@ class DecoderLayer(nn.Module):
         self.input_norm.in_c = self.post_attn_norm.in_c = self.mlp.act.in_c = self.attn.rope_in_c = c
 
 
-# each fused matrix: (module path in a layer, the HF weights stacked into it, in order)
-LAYER_MATRICES = {
-    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "o_proj": ("self_attn.o_proj",),
-    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
-    "mlp.down": ("mlp.down_proj",),
-}
+def layer_matrices(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
+    """Each fused matrix of a layer: module path -> the HF weights stacked into it, in order, with the
+    (rows, columns) of each that this rank holds (None: all)."""
+    q, kv, mlp = plan.q_rows(), plan.kv_rows(), plan.mlp_rows()
+    return {
+        "qkv": [("self_attn.q_proj", q, None), ("self_attn.k_proj", kv, None), ("self_attn.v_proj", kv, None)],
+        "o_proj": [("self_attn.o_proj", None, q)],
+        "mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
+        "mlp.down": [("mlp.down_proj", None, mlp)],
+    }
 
 
 class LlamaModel(nn.Module):
     """Decoder-only transformer; `forward` returns logits for `fb.logits_indices` rows."""
 
-    def __init__(self, config: ModelConfig, max_len: int) -> None:
+    def __init__(self, config: ModelConfig, max_len: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.tp = tp
+        self.plan = ShardPlan(config, tp.rank, tp.size) if tp is not None else ShardPlan(config)
+        self.embed = nn.Parameter(torch.empty(self.plan.vocab, config.hidden_size))  # this rank's vocabulary rows
+        self.layers = nn.ModuleList(DecoderLayer(config, i, self.plan, tp) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = DenseLinear(config.hidden_size, config.vocab_size)
+        head = DenseLinear(config.hidden_size, self.plan.vocab)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed
+            head.weight = self.embed
+        self.lm_head: Linear = head if tp is None else VocabParallelHead(head, tp.comm, config.vocab_size)
         self.rotary = Rotary(config.inv_freq(), max_len)
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
 
@@ -88,18 +117,20 @@ class LlamaModel(nn.Module):
         """Pick the representations to run in (once, after loading): oneDNN-packed matrices
         (`pack`), GGUF-block copies for small batches (`blocks`, HF names), C per-token ops."""
         blocks = blocks or {}
+        if blocks and self.tp is not None:
+            raise ValueError("GGUF block weights are not sharded: tensor-parallel ranks run dense shards")
         for i, layer in enumerate(self.layers):
-            for path, hf_names in LAYER_MATRICES.items():
+            for path, specs in layer_matrices(self.plan).items():
                 parent, _, attr = path.rpartition(".")
                 owner = layer.get_submodule(parent) if parent else layer
-                found = [blocks.get(f"model.layers.{i}.{n}.weight") for n in hf_names]
+                found = [blocks.get(f"model.layers.{i}.{n}.weight") for n, _, _ in specs]
                 fused = concat_rows(found) if all(found) else None
-                setattr(owner, attr, specialize(getattr(owner, attr), fused, pack))
+                setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack))
             if c_kernels:
                 layer.use_c_kernels()
         tied = self.config.tie_word_embeddings
         head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
-        self.lm_head = specialize(self.lm_head, head, pack, keep_dense=tied)
+        self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied)
 
     @property
     def block_weight_count(self) -> int:
@@ -111,7 +142,7 @@ class LlamaModel(nn.Module):
         layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
         self.decode_in_c = None
         k0 = pool.k_buffer[0]
-        if not DecodeLayers.available() or k0.dtype != torch.float32 or k0.device.type != "cpu":
+        if self.tp is not None or not DecodeLayers.available() or k0.dtype != torch.float32 or k0.device.type != "cpu":
             return
         weights = []
         for i, layer in enumerate(self.layers):
@@ -138,7 +169,7 @@ class LlamaModel(nn.Module):
         (a CUDA graph's static one), else built from `fb`."""
         if meta is None:
             meta = backend.init_metadata(fb, req_to_token)
-        h = self.embed.index_select(0, fb.input_ids)  # [T, hidden]
+        h = embed_lookup(self.embed, fb.input_ids, self.tp)  # [T, hidden]
         call = backend.decode_step(meta) if self.decode_in_c is not None else None
         if call is not None and h.shape[0] <= self.decode_in_c.max_rows:
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
@@ -152,27 +183,40 @@ class LlamaModel(nn.Module):
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]
 
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy HF-named tensors into our fused parameters (fails loudly on missing names)."""
-
-        def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name]
-
+    def load_weights(self, ckpt: Checkpoint) -> None:
+        """Copy this rank's part of the HF-named checkpoint tensors into our fused parameters (reading
+        only that part; fails loudly on missing names)."""
+        plan = self.plan
+        vocab = plan.vocab_rows()
         with torch.no_grad():
-            self.embed.copy_(take("model.embed_tokens.weight"))
-            self.norm.weight.copy_(take("model.norm.weight"))
+            _copy_rows(self.embed, ckpt.get("model.embed_tokens.weight", rows=vocab))
+            self.norm.weight.copy_(ckpt.get("model.norm.weight"))
             if not self.config.tie_word_embeddings:
-                self.lm_head.weight.copy_(take("lm_head.weight"))
+                _copy_rows(_dense(self.lm_head).weight, ckpt.get("lm_head.weight", rows=vocab))
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
-                layer.input_norm.weight.copy_(take(p + "input_layernorm.weight"))
-                layer.post_attn_norm.weight.copy_(take(p + "post_attention_layernorm.weight"))
+                layer.input_norm.weight.copy_(ckpt.get(p + "input_layernorm.weight"))
+                layer.post_attn_norm.weight.copy_(ckpt.get(p + "post_attention_layernorm.weight"))
+                matrices = layer_matrices(plan)
                 if layer.qkv.bias is not None:
-                    layer.qkv.bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                    layer.qkv.bias.copy_(torch.cat([ckpt.get(p + n + ".bias", rows=r) for n, r, _ in matrices["qkv"]]))
                 if layer.attn.q_norm is not None:
-                    layer.attn.q_norm.copy_(take(p + "self_attn.q_norm.weight"))
-                    layer.attn.k_norm.copy_(take(p + "self_attn.k_norm.weight"))
-                for path, hf_names in LAYER_MATRICES.items():
-                    layer.get_submodule(path).weight.copy_(torch.cat([take(p + n + ".weight") for n in hf_names]))
+                    layer.attn.q_norm.copy_(ckpt.get(p + "self_attn.q_norm.weight"))
+                    layer.attn.k_norm.copy_(ckpt.get(p + "self_attn.k_norm.weight"))
+                for path, specs in matrices.items():
+                    parts = [ckpt.get(p + n + ".weight", rows=r, cols=c) for n, r, c in specs]
+                    _dense(layer.get_submodule(path)).weight.copy_(torch.cat(parts))
+
+
+def _specialize(m: Linear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False) -> Linear:
+    """`specialize` for a plain matrix or for the matrix inside a tensor-parallel wrapper."""
+    if isinstance(m, ShardedLinear):
+        m.inner = specialize(m.inner, blocks, pack, keep_dense)
+        return m
+    return specialize(m, blocks, pack, keep_dense)
+
+
+def _copy_rows(param: torch.Tensor, rows: torch.Tensor) -> None:
+    """Copy `rows` into the first rows of `param`; zero the rest (a padded last vocabulary shard)."""
+    param[: rows.shape[0]].copy_(rows)
+    param[rows.shape[0] :].zero_()
