@@ -26,7 +26,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixgen.runtime.server.app import SSE_DONE, ServerState, SSEResponse, abort_error, merge_streams, sse
 from radixgen.runtime.server.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -48,6 +47,8 @@ from radixgen.runtime.server.protocol import (
     new_id,
     now,
 )
+from radixgen.runtime.server.state import ServerState, abort_error
+from radixgen.runtime.server.streams import SSE_DONE, SSEResponse, merge_streams, sse
 
 TOOLS_SYSTEM = (
     "You can call the following functions. To call one, reply with only a JSON object "

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixgen.runtime.server.app import SSE_DONE, ServerState, SSEResponse, abort_error, merge_streams, sse
 from radixgen.runtime.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,6 +25,8 @@ from radixgen.runtime.server.protocol import (
     new_id,
     now,
 )
+from radixgen.runtime.server.state import ServerState, abort_error
+from radixgen.runtime.server.streams import SSE_DONE, SSEResponse, merge_streams, sse
 
 
 def register(app: FastAPI, state: ServerState) -> None:
