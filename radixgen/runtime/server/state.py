@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from radixgen.common.byte_vocab import gpt2_byte_decoder
+from radixgen.runtime.server.parsers import ReasoningFormat, ToolCallFormat
 from radixgen.runtime.server.protocol import APIError, bad_request, error_from_value_error
 
 T = TypeVar("T")
@@ -20,8 +21,11 @@ T = TypeVar("T")
 class ServerState:
     """What every handler shares: the engine, the served name, the key, the draining flag."""
 
-    def __init__(self, engine: Any, model_name: str, api_key: str | None) -> None:
+    def __init__(self, engine: Any, model_name: str, api_key: str | None, tool_format: ToolCallFormat | None = None,
+                 reasoning: ReasoningFormat | None = None) -> None:
         self.engine = engine
+        self.tool_format = tool_format  # None: the chat template's own
+        self.reasoning = reasoning
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
         self.api_key = api_key
