@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None) -> Any:
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
+               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> Any:
     from radixgen.runtime.server.app import create_app as _create_app
 
-    return _create_app(engine, api_key=api_key, model_name=model_name)
+    return _create_app(engine, api_key=api_key, model_name=model_name, tool_call_parser=tool_call_parser,
+                       reasoning_parser=reasoning_parser)
 
 
 __all__ = ["create_app"]

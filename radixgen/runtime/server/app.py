@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixgen.runtime.server import chat, completions, metrics_text
+from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
     APIError,
     DetokenizeRequest,
@@ -89,12 +90,15 @@ class _Gate:
         return None
 
 
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
-    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`."""
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
+               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
+    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`; the parsers are
+    the `--tool-call-parser` / `--reasoning-parser` names (parsers/)."""
     if model_name is None:
         path = getattr(getattr(engine, "config", None), "model", None)
         model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "smollm2-135m-instruct"
-    state = ServerState(engine, model_name, api_key)
+    state = ServerState(engine, model_name, api_key, tool_format_named(tool_call_parser),
+                        reasoning_format_named(reasoning_parser))
     app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.radixgen = state
     app.add_middleware(_Gate, state=state)
