@@ -108,14 +108,14 @@ def render(state: ServerState, messages: list[dict], tools: list | None) -> str:
         raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
 
 
-def _call_schemas(req: ChatCompletionRequest, tools: ToolSetup) -> list[dict]:
-    """JSON schemas of a call of each function the reply may call (each function's schema checked)."""
+def _functions(req: ChatCompletionRequest, tools: ToolSetup) -> list[tuple[str, dict]]:
+    """(name, parameters schema) of each function the reply may call, each schema checked."""
     out = []
     for t in req.tools or []:
         if t.function.name in tools.names:
             params = t.function.parameters or {"type": "object"}
             checked_constraint("tools", "json_schema", params, strict=bool(t.function.strict))
-            out.append(tools.fmt.call_schema(t.function.name, params))
+            out.append((t.function.name, params))
     return out
 
 
@@ -159,12 +159,12 @@ def constraint(state: ServerState, req: ChatCompletionRequest, sp: dict, tools: 
             return checked, param
         inner = json_format(schema)
     else:
-        schemas = _call_schemas(req, tools)
+        functions = _functions(req, tools)
         if bare_calls(state, tools):
-            one = any_of(schemas)
+            one = any_of([tools.fmt.call_schema(name, params) for name, params in functions])
             bare = {"type": "array", "items": one, "minItems": 1} if tools.parallel else one
             return checked_constraint(param, "json_schema", bare), param
-        inner = tools.fmt.constraint(schemas, tools.parallel)
+        inner = tools.fmt.constraint(functions, tools.parallel)
     if thinking:
         fmt, phase = reasoning  # type: ignore[misc]
         inner = fmt.constraint(inner, phase)

@@ -26,22 +26,27 @@ ARGS_KEYS = ("arguments", "parameters")  # the member holding a call's arguments
 
 @dataclass(frozen=True)
 class ToolCallFormat:
-    """One family's tool-call syntax (see the module docstring); subclasses say how calls are written."""
+    """One family's tool-call syntax (see the module docstring).
+
+    The parser reads sections of calls between `open` and `close`; a reply making calls is written
+    `head + separator.join(call_open + CALL + call_close) + tail`, CALL being the JSON call object.
+    """
 
     name: str
     open: str | None  # marker opening a section of calls
     close: str | None  # marker closing it (None: the section runs to the end of the calls)
     bare_start: bool  # a reply that starts with `{` or `[` opens a section without the marker
     args_key: str  # the member name this format writes the arguments under
+    head: str
+    call_open: str
+    call_close: str
+    separator: str
+    tail: str
 
-    def call_json(self, name: str, arguments: Any) -> str:
-        return json.dumps({"name": name, self.args_key: arguments}, ensure_ascii=False)
-
-    def call_schema(self, name: str, parameters: dict | None) -> dict:
-        """JSON schema of one call object of function `name` in this format."""
-        return {"type": "object", "properties": {"name": {"const": name},
-                                                 self.args_key: parameters or {"type": "object"}},
-                "required": ["name", self.args_key], "additionalProperties": False}
+    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
+        """The text of an assistant turn making these (name, arguments) calls."""
+        objs = (json.dumps({"name": n, self.args_key: a}, ensure_ascii=False) for n, a in calls)
+        return self.head + self.separator.join(self.call_open + o + self.call_close for o in objs) + self.tail
 
     def instructions(self, functions: list[dict], parallel: bool) -> str:
         """A system-prompt paragraph describing the tools, for templates that do not render them."""
@@ -55,45 +60,23 @@ class ToolCallFormat:
         return (f"You can call the functions below. To call one, reply with only:\n{example}\n{several}"
                 f"Functions (JSON Schema):\n<tools>\n{specs}\n</tools>")
 
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        """The text of an assistant turn making these (name, arguments) calls."""
-        raise NotImplementedError
+    def constraint(self, functions: list[tuple[str, dict]], parallel: bool) -> dict:
+        """An XGrammar structural-tag format forcing one or more calls (one if not `parallel`) of these
+        (name, parameters schema) functions. The name is part of each call's fixed opening text, so it
+        is written first and the arguments stream after it."""
+        tags = [{"type": "tag", "begin": f'{self.call_open}{{"name": {json.dumps(name)}, "{self.args_key}": ',
+                 "content": json_format(params), "end": "}" + self.call_close} for name, params in functions]
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": self.separator, "at_least_one": True,
+                 "stop_after_first": not parallel}
+        parts = [{"type": "const_string", "value": text} for text in (self.head,) if text]
+        parts += [calls] + [{"type": "const_string", "value": text} for text in (self.tail,) if text]
+        return calls if len(parts) == 1 else {"type": "sequence", "elements": parts}
 
-    def constraint(self, call_schemas: list[dict], parallel: bool) -> dict:
-        """An XGrammar structural-tag format forcing one or more calls (one if not `parallel`)."""
-        raise NotImplementedError
-
-
-class HermesFormat(ToolCallFormat):
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        return "\n".join(f"<tool_call>\n{self.call_json(n, a)}\n</tool_call>" for n, a in calls)
-
-    def constraint(self, call_schemas: list[dict], parallel: bool) -> dict:
-        tag = {"type": "tag", "begin": "<tool_call>\n", "content": json_format(any_of(call_schemas)),
-               "end": "\n</tool_call>"}
-        return {"type": "tags_with_separator", "tags": [tag], "separator": "\n", "at_least_one": True,
-                "stop_after_first": not parallel}
-
-
-class Llama3JsonFormat(ToolCallFormat):
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        return "; ".join(self.call_json(n, a) for n, a in calls)
-
-    def constraint(self, call_schemas: list[dict], parallel: bool) -> dict:
-        one = json_format(any_of(call_schemas))
-        if not parallel:
-            return one
-        more = {"type": "sequence", "elements": [{"type": "const_string", "value": "; "}, one]}
-        return {"type": "sequence", "elements": [one, {"type": "star", "content": more}]}
-
-
-class SmolLM2Format(ToolCallFormat):
-    def render_calls(self, calls: list[tuple[str, Any]]) -> str:
-        return f"<tool_call>[{', '.join(self.call_json(n, a) for n, a in calls)}]</tool_call>"
-
-    def constraint(self, call_schemas: list[dict], parallel: bool) -> dict:
-        array = {"type": "array", "items": any_of(call_schemas), "minItems": 1, **({} if parallel else {"maxItems": 1})}
-        return {"type": "tag", "begin": "<tool_call>", "content": json_format(array), "end": "</tool_call>"}
+    def call_schema(self, name: str, parameters: dict | None) -> dict:
+        """JSON schema of one call object of function `name` (for backends without structural tags)."""
+        return {"type": "object", "properties": {"name": {"const": name},
+                                                 self.args_key: parameters or {"type": "object"}},
+                "required": ["name", self.args_key], "additionalProperties": False}
 
 
 def any_of(schemas: list[dict]) -> dict:
@@ -107,9 +90,12 @@ def json_format(schema: Any) -> dict:
 
 
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (
-    HermesFormat("hermes", "<tool_call>", "</tool_call>", bare_start=False, args_key="arguments"),
-    Llama3JsonFormat("llama3_json", "<|python_tag|>", None, bare_start=True, args_key="parameters"),
-    SmolLM2Format("smollm2", "<tool_call>", "</tool_call>", bare_start=True, args_key="arguments"),
+    ToolCallFormat("hermes", "<tool_call>", "</tool_call>", bare_start=False, args_key="arguments",
+                   head="", call_open="<tool_call>\n", call_close="\n</tool_call>", separator="\n", tail=""),
+    ToolCallFormat("llama3_json", "<|python_tag|>", None, bare_start=True, args_key="parameters",
+                   head="", call_open="", call_close="", separator="; ", tail=""),
+    ToolCallFormat("smollm2", "<tool_call>", "</tool_call>", bare_start=True, args_key="arguments",
+                   head="<tool_call>[", call_open="", call_close="", separator=", ", tail="]</tool_call>"),
 )}
 
 
