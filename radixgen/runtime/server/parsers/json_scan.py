@@ -170,7 +170,10 @@ class JsonScanner:
                 return
             self._hex += ch
             if len(self._hex) == 4:
-                self._buf.append(chr(int(self._hex, 16)))
+                code = int(self._hex, 16)
+                if 0xDC00 <= code <= 0xDFFF and self._buf and 0xD800 <= ord(self._buf[-1]) <= 0xDBFF:
+                    code = 0x10000 + ((ord(self._buf.pop()) - 0xD800) << 10) + (code - 0xDC00)  # a surrogate pair
+                self._buf.append(chr(code))
                 self.pos = STRING
         elif pos == LITERAL:
             if not self._lit or ch != self._lit[0]:

@@ -63,7 +63,8 @@ class ReasoningParser:
     def __init__(self, fmt: ReasoningFormat, phase: str) -> None:
         self.fmt = fmt
         self.state = ANSWER if phase == "closed" else START
-        self._then = THINK if phase == "open" else ANSWER  # where a reply without the start tag goes
+        # where a reply without the start tag goes
+        self._then = THINK if phase == "open" or (phase == "maybe" and fmt.implicit) else ANSWER
         self._held = ""  # whitespace and a partial tag not yet sent
         self._out: list[Event] = []
 
@@ -93,9 +94,10 @@ class ReasoningParser:
                 self.state, self._held = THINK, ""
             elif start.startswith(head):
                 self._held = held
-            else:
+            else:  # no start tag: what was held is read again as reasoning or content
                 self.state, self._held = self._then, ""
-                append(self._out, (Reasoning if self._then == THINK else Content)(held))
+                for c in held:
+                    self._char(c)
         elif state == THINK:  # hold what may be the start of the end tag
             end = self.fmt.end
             if held == end:
