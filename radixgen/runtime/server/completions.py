@@ -5,7 +5,8 @@ gives `n` choices, indexed prompt-major (choice `p * n + k`). `echo` prepends th
 `logprobs: N` returns the legacy `{tokens, token_logprobs, top_logprobs (N per token), text_offset}`
 (with `echo`, the prompt's tokens too: its first token has no logprob). `max_tokens` defaults to 16
 as in OpenAI's API. `suffix` is not supported; `best_of` must equal `n`. The radixgen extensions
-(`top_k`, `min_p`, `regex`, `json_schema`, `ebnf`, ...) ride in the body as for chat.
+(`top_k`, `min_p`, `regex`, `json_schema`, `ebnf`, ...) ride in the body as for chat. Streamed or not,
+the answer goes through serving.py's one code path: the non-streamed choice is its deltas folded.
 """
 
 from __future__ import annotations

@@ -143,16 +143,17 @@ async def _stream(state: ServerState, request: Request, plan: Plan, out: Output)
 
     async def events() -> AsyncIterator[bytes]:
         progress = Progress(plan)
-        for i in range(len(plan.seqs)):
-            for d in out.opening(i):
-                yield sse(out.chunk([d]))
+        opening = b"".join(sse(out.chunk([d])) for i in range(len(plan.seqs)) for d in out.opening(i))
+        if opening:
+            yield opening
         async for i, chunk in merge_streams(streams):
             fr = chunk["meta_info"]["finish_reason"]
             if fr is not None and fr["type"] == "abort":
                 yield sse(abort_error(fr).body())
                 return
-            for d in out.step(i, chunk, progress.take(i, chunk)):
-                yield sse(out.chunk([d]))
+            events = b"".join(sse(out.chunk([d])) for d in out.step(i, chunk, progress.take(i, chunk)))
+            if events:  # one write per engine chunk
+                yield events
         if plan.include_usage and progress.done:
             yield sse(out.chunk([], progress.usage()))
         yield SSE_DONE
