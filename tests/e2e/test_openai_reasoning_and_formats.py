@@ -189,3 +189,33 @@ def test_tool_call_formats_stream_and_fold_alike(think_engine, fmt):
                 assert msg.content == ("Sure." if fmt == "hermes" else None)
 
     asyncio.run(run())
+
+
+def test_forced_calls_on_a_backend_without_structural_tags(tiny_models):
+    from radixgen.runtime.engine import Engine
+
+    eng = Engine(model=str(tiny_models["llama"]), grammar_backend="outlines", context_length=1024,
+                 max_total_tokens=4096)
+    try:
+        client = asgi_client(create_app(eng, model_name="tiny"))
+        kw = dict(model="tiny", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER], temperature=0,
+                  max_tokens=60, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+
+        async def run() -> None:
+            full = await client.chat.completions.create(**kw)  # forced as bare JSON, read as a call
+            (call,) = full.choices[0].message.tool_calls
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+            assert full.choices[0].finish_reason == "tool_calls"
+
+        async def reasoning() -> None:  # a reasoning reply's answer can only be held by a structural tag
+            thinking = asgi_client(create_app(eng, model_name="tiny", reasoning_parser="deepseek_r1"))
+            with pytest.raises(openai.BadRequestError) as e:
+                await thinking.chat.completions.create(model="tiny", messages=ASK, response_format={
+                    "type": "json_object"})
+            err = e.value.response.json()["error"]
+            assert err["param"] == "response_format" and "xgrammar" in err["message"]
+
+        asyncio.run(run())
+        asyncio.run(reasoning())
+    finally:
+        eng.shutdown()
