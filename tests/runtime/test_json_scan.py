@@ -68,7 +68,8 @@ def test_broken_values_are_rejected_like_json_loads(value, where, junk):
 
 def test_events_locate_members():
     text = '{"name": "f", "arguments": {"a": [1, 2.5], "b": "x\\"y"}, "n": -3}'
-    events = [(i, e) for i, ch in enumerate(text) for e in JsonScanner_steps(text)[i]]
+    sc = JsonScanner()
+    events = [(i, e) for i, ch in enumerate(text) for e in sc.step(ch)]  # (position, event)
     keys = [e.name for _, e in events if isinstance(e, Key) and e.depth == 1]
     assert keys == ["name", "arguments", "n"]
     begins = {i for i, e in events if isinstance(e, Begin) and e.depth == 1}
@@ -78,8 +79,3 @@ def test_events_locate_members():
     number_end = [i for i, e in events if isinstance(e, End) and e.depth == 1 and not e.at_char]
     assert number_end == [len(text) - 1]  # -3 ends when `}` arrives
     assert [e.text for _, e in events if isinstance(e, End) and e.depth == 2 and e.text] == ['x"y']
-
-
-def JsonScanner_steps(text: str) -> list[list]:  # noqa: N802
-    sc = JsonScanner()
-    return [sc.step(ch) for ch in text]

@@ -19,7 +19,8 @@ T = TypeVar("T")
 
 
 class ServerState:
-    """What every handler shares: the engine, the served name, the key, the draining flag."""
+    """What every handler shares: the engine, the served name, the key, the draining flag, and the
+    output parsers' formats (`--tool-call-parser`, `--reasoning-parser`)."""
 
     def __init__(self, engine: Any, model_name: str, api_key: str | None, tool_format: ToolCallFormat | None = None,
                  reasoning: ReasoningFormat | None = None) -> None:

@@ -83,10 +83,6 @@ class JsonScanner:
         """The root value is complete (only whitespace may follow)."""
         return self.pos == DONE
 
-    @property
-    def failed(self) -> bool:
-        return self.pos == FAILED
-
     def step(self, ch: str) -> list[Event]:
         """Consume one character; returns the events it completed (ERROR once it breaks the grammar)."""
         if self.pos == FAILED:

@@ -211,12 +211,14 @@ class ToolCallParser:
                     return False
                 self._args = 1
         elif self._key == "name" and not self._committed:
-            return ev.text is not None and ev.text in self.names and self._commit(ev.text)
+            if ev.text is None or ev.text not in self.names:  # not a string, or not one of the tools
+                return False
+            self._commit(ev.text)
         elif self._key in ARGS_KEYS and self._args == 1:
             self._args = 2
         return True
 
-    def _commit(self, name: str) -> bool:
+    def _commit(self, name: str) -> None:
         self._committed = True
         self._markup, self._pending = self._pending, ""
         if self.max_calls is None or self.calls < self.max_calls:
@@ -225,7 +227,6 @@ class ToolCallParser:
             append(self._out, CallStart(self._index, new_call_id(), name))
             if self._early_args:
                 append(self._out, CallArgs(self._index, "".join(self._early_args)))
-        return True
 
     def _call_done(self) -> None:
         if not self._committed:
