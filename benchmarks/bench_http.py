@@ -15,9 +15,12 @@ Each round runs the pairs completions_stream / in_process, chat_stream / chat an
 chat_tools, the two of a pair back to back (in alternating order), so that background load on a shared
 machine hits both alike; a pair's ratio is taken per round and the summary reports its median over
 the rounds (targets: completions_stream / in_process >= 0.85, chat_tools_stream / chat_tools >= 0.95:
-streaming tool calls costs little), with each mode's best round. TTFT is the time to the first
-streamed delta. Prints one JSON line per round and mode, then the summary line.
-Usage: python benchmarks/bench_http.py [--requests 16] [--new-tokens 24] [--rounds 5]
+streaming tool calls costs little), with each mode's best round. Between two server modes it also
+reports the server process's CPU time per request, baseline / measured (Linux): with
+`--server-threads 1` that figure is free of OpenMP spinning and holds better than wall time on a loaded
+machine. TTFT is the time to the first streamed delta. Prints one JSON line per round and mode, then
+the summary line.
+Usage: python benchmarks/bench_http.py [--requests 16] [--new-tokens 24] [--rounds 9] [--server-threads N]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
@@ -133,8 +137,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int) -> subprocess.Popen:
+def start_server(port: int, threads: int | None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "radixgen.runtime.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    if threads is not None:
+        cmd += ["--num-threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=dict(os.environ, TOKENIZERS_PARALLELISM="false"))
     deadline = time.monotonic() + 300
@@ -154,8 +160,35 @@ def start_server(port: int) -> subprocess.Popen:
 PAIRS = (("completions_stream", "in_process"), ("chat_stream", "chat"), ("chat_tools_stream", "chat_tools"))
 
 
-async def bench(url: str, engine, args: argparse.Namespace) -> tuple[dict[str, dict], dict[str, list[float]]]:
-    """Best round per mode, and each pair's throughput ratio per round."""
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads) a process has used so far; None off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Results:
+    best: dict[str, dict] = field(default_factory=dict)  # mode -> its best round
+    rate: dict[str, list[float]] = field(default_factory=dict)  # pair -> req/s ratio per round
+    cpu: dict[str, list[float]] = field(default_factory=dict)  # pair -> server CPU ratio per round
+
+    def summary(self) -> dict:
+        def median(xs: dict[str, list[float]]) -> dict[str, float]:
+            return {k: round(statistics.median(v), 3) for k, v in xs.items() if v}
+
+        return {"req_per_s_best": {m: r["req_per_s"] for m, r in self.best.items()},
+                "ttft_p50_s_best": {m: r["ttft_p50_s"] for m, r in self.best.items() if "ttft_p50_s" in r},
+                "rate_ratio_per_round": {k: [round(x, 3) for x in v] for k, v in self.rate.items()},
+                "rate_ratio_median": median(self.rate), "server_cpu_ratio_median": median(self.cpu)}
+
+
+async def bench(url: str, server_pid: int, engine, args: argparse.Namespace) -> Results:
+    """Each pair's req/s ratio per round (and, between two server modes, the ratio of the server CPU
+    time per request, baseline / measured), and each mode's best round."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -166,52 +199,59 @@ async def bench(url: str, engine, args: argparse.Namespace) -> tuple[dict[str, d
             **http_modes(client, [f"Warm-up {t}" for t in texts], [f"Warm-up: {q}" for q in questions], 2)}
     for one in warm.values():  # every mode once at the full batch size, unmeasured (grammar compiled)
         await run_mode(one, args.requests)
-    best: dict[str, dict] = {}
-    ratios: dict[str, list[float]] = {a: [] for a, _ in PAIRS}
+    out = Results()
     for r in range(args.rounds):
         for pair in PAIRS:
-            rate = {}
+            rate, cpu = {}, {}
             for mode in (pair if r % 2 == 0 else pair[::-1]):
+                cpu0 = cpu_seconds(server_pid)
                 ttfts, wall, tokens = await run_mode(modes[mode], args.requests)
+                cpu1 = cpu_seconds(server_pid)
                 if mode == "in_process":
                     engine.flush_cache()
                 else:
                     urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", data=b"{}", method="POST"))
                 res = dict(summarize(mode, ttfts, wall, args.requests, tokens), round=r)
+                if mode != "in_process" and cpu0 is not None and cpu1 is not None:
+                    res["server_cpu_s"] = cpu[mode] = round(cpu1 - cpu0, 3)
                 print(json.dumps(res), flush=True)
                 rate[mode] = res["req_per_s"]
-                if mode not in best or res["req_per_s"] > best[mode]["req_per_s"]:
-                    best[mode] = res
-            ratios[pair[0]].append(rate[pair[0]] / rate[pair[1]])
+                if mode not in out.best or res["req_per_s"] > out.best[mode]["req_per_s"]:
+                    out.best[mode] = res
+            key = f"{pair[0]}/{pair[1]}"
+            out.rate.setdefault(key, []).append(rate[pair[0]] / rate[pair[1]])
+            if len(cpu) == 2:
+                out.cpu.setdefault(key, []).append(cpu[pair[1]] / cpu[pair[0]])
     await client.close()
-    return best, ratios
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="torch threads of the server and of the in-process engine (default: torch's choice); 1 "
+                         "keeps the server's CPU time free of OpenMP spinning, so its ratios hold on a loaded machine")
     args = ap.parse_args()
 
     from radixgen.runtime.engine import Engine
 
     port = free_port()
-    proc = start_server(port)
-    engine = Engine()
+    proc = start_server(port, args.server_threads)
+    engine = Engine(num_threads=args.server_threads)  # in_process runs with the server's threads
     try:
-        best, ratios = asyncio.run(bench(f"http://127.0.0.1:{port}", engine, args))
+        results = asyncio.run(bench(f"http://127.0.0.1:{port}", proc.pid, engine, args))
     finally:
         engine.shutdown()
         proc.terminate()
         proc.wait(timeout=30)
-    median = {f"{a}/{b}": round(statistics.median(ratios[a]), 3) for a, b in PAIRS}
-    http, tools = median["completions_stream/in_process"], median["chat_tools_stream/chat_tools"]
+    summary = results.summary()
+    rates = summary["rate_ratio_median"]
+    http, tools = rates["completions_stream/in_process"], rates["chat_tools_stream/chat_tools"]
     print(json.dumps({"bench": "http", "requests": args.requests, "new_tokens": args.new_tokens,
-                      "req_per_s_best": {m: r["req_per_s"] for m, r in best.items()},
-                      "ttft_p50_s_best": {m: r["ttft_p50_s"] for m, r in best.items() if "ttft_p50_s" in r},
-                      "ratio_per_round": {f"{a}/{b}": [round(x, 3) for x in ratios[a]] for a, b in PAIRS},
-                      "ratio_median": median,
+                      "server_threads": args.server_threads, **summary,
                       "targets": {"completions_stream/in_process": 0.85, "chat_tools_stream/chat_tools": 0.95},
                       "meets_targets": http >= 0.85 and tools >= 0.95}))
 
