@@ -31,6 +31,7 @@ from typing import Any
 
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.router.config import RouterConfig
+from radixgen.runtime.server.parsers import REASONING_PARSER_CHOICES, TOOL_PARSER_CHOICES
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -110,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: $RADIXGEN_API_KEY, else no key)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients pass as `model` (default: derived from --model)")
+    serve.add_argument("--tool-call-parser", default="auto", choices=TOOL_PARSER_CHOICES,
+                       help="format of the model's tool calls (default: auto, the one its chat template uses)")
+    serve.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSER_CHOICES,
+                       help="split a thinking model's <think>...</think> into reasoning_content (default: none)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                        help="log level of the server (default: warning)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
@@ -148,7 +153,8 @@ def serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = Engine(**engine_kwargs(args))
     try:
-        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name)
+        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         state = app.state.radixgen
 
         class Server(uvicorn.Server):

@@ -203,8 +203,8 @@ def test_tool_choice_gives_valid_arguments(client, needs_constraints, choice):
     chunks = list(chat(client, messages=msgs, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=60,
                        parallel_tool_calls=False, stream=True))
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [d.function.name for d in deltas] == [call.function.name]
-    assert json.loads(deltas[0].function.arguments) == json.loads(call.function.arguments)
+    assert [d.function.name for d in deltas if d.id] == [call.function.name]  # the first delta names it
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments  # fragments after
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
         ["tool_calls"]
 

@@ -74,6 +74,9 @@ def start_replicas(args: argparse.Namespace, config: EngineConfig) -> list[tuple
         extra += ["--api-key", args.api_key]
     if args.served_model_name:
         extra += ["--served-model-name", args.served_model_name]
+    extra += ["--tool-call-parser", args.tool_call_parser]
+    if args.reasoning_parser:
+        extra += ["--reasoning-parser", args.reasoning_parser]
     out = []
     for _ in range(config.dp_size):
         port = free_port()

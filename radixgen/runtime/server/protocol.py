@@ -287,6 +287,7 @@ class ChatLogprobs(_Model):
 class ChatResponseMessage(_Model):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -317,6 +318,7 @@ class ToolCallDelta(_Model):
 class ChatDelta(_Model):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
