@@ -29,6 +29,7 @@ class SchedulerMetrics:
     started: float = field(default_factory=time.perf_counter)
     requests_arrived: int = 0
     requests_finished: int = 0
+    requests_admitted: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -40,6 +41,11 @@ class SchedulerMetrics:
 
     def on_arrival(self) -> None:
         self.requests_arrived += 1
+
+    def on_admit(self, cached_tokens: int) -> None:
+        """A request entered the running batch for the first time with `cached_tokens` from the tree."""
+        self.requests_admitted += 1
+        self.cached_prompt_tokens += cached_tokens
 
     def on_finish(self) -> None:
         self.requests_finished += 1
@@ -57,6 +63,7 @@ class SchedulerMetrics:
             gauges,
             requests_arrived=self.requests_arrived,
             requests_finished=self.requests_finished,
+            requests_admitted=self.requests_admitted,
             prompt_tokens=self.prompt_tokens,
             cached_prompt_tokens=self.cached_prompt_tokens,
             generated_tokens=self.generated_tokens,
