@@ -1,8 +1,8 @@
 """OpenAI-compatible HTTP server over an Engine: `create_app(engine, api_key=None, model_name=None)`.
 
 See app.py for the routes; chat.py and completions.py hold the OpenAI endpoints, protocol.py the
-request / response models, metrics_text.py the Prometheus exposition. Imported lazily (FastAPI is
-only needed when serving).
+request / response models; metrics, logs and traces live in runtime/observability/. Imported lazily
+(FastAPI is only needed when serving).
 """
 
 from __future__ import annotations
