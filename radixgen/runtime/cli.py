@@ -19,7 +19,6 @@ import argparse
 import ast
 import contextlib
 import inspect
-import logging
 import os
 import runpy
 import sys
@@ -117,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="split a thinking model's <think>...</think> into reasoning_content (default: none)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                        help="log level of the server (default: warning)")
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="log lines as text or as one JSON object each (default: text)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
     add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
     router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
@@ -148,9 +149,10 @@ def serve(args: argparse.Namespace) -> None:
         sys.exit(serve_scaled_out(args))
 
     from radixgen.runtime.engine import Engine
+    from radixgen.runtime.observability.log_format import configure_logging
     from radixgen.runtime.server import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_level, args.log_format)
     engine = Engine(**engine_kwargs(args))
     try:
         app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
@@ -171,7 +173,8 @@ def serve(args: argparse.Namespace) -> None:
                         engine.shutdown()
 
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=5, access_log=args.log_level == "debug")
+                                timeout_graceful_shutdown=5, access_log=args.log_level == "debug",
+                                **({"log_config": None} if args.log_format == "json" else {}))  # json: ours
         print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port}", flush=True)
         Server(config).run()
     finally:

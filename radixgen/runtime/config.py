@@ -68,6 +68,19 @@ class EngineConfig:
     dist_init_addr: str | None = None
     """host:port of node 0 where the ranks meet (torch.distributed TCP store); needed when nnodes > 1,
     default on one machine: a free local port."""
+    log_requests: bool = False
+    """Also log each finished request's body (see log_requests_level); a one-line summary of every
+    request is logged at info level either way."""
+    log_requests_level: Literal[0, 1, 2, 3] = 2
+    """With --log-requests: 0 the summary only, 1 and the sampling parameters, 2 and the prompt and
+    output text cut at 2048 characters, 3 and the whole texts (SGLang's levels)."""
+    stats_log_interval: float = 5.0
+    """Seconds between the "Prefill batch" / "Decode batch" info lines while the engine works (and
+    between refreshes of the engine gauges on /metrics); 0 turns them off."""
+    otlp_traces_endpoint: str | None = None
+    """Send an OpenTelemetry trace of every request over OTLP to this endpoint (e.g.
+    http://localhost:4318; OTEL_EXPORTER_OTLP_* variables work too). Needs opentelemetry-sdk and
+    opentelemetry-exporter-otlp."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,6 +100,8 @@ class EngineConfig:
             ("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, nnodes={self.nnodes})"),
             ("dist_init_addr", _is_host_port(self.dist_init_addr) if self.dist_init_addr is not None
              else self.nnodes == 1, "host:port (and given when nnodes > 1)"),
+            ("log_requests_level", self.log_requests_level in (0, 1, 2, 3), "0, 1, 2 or 3"),
+            ("stats_log_interval", self.stats_log_interval >= 0, ">= 0"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -20,6 +20,7 @@ from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.distributed import make_model_runner
 from radixgen.runtime.executor.worker import ModelWorker
+from radixgen.runtime.observability.observer import Observer
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
 from radixgen.runtime.scheduler.scheduler import Scheduler
@@ -48,6 +49,7 @@ class Engine:
                        self.config.disable_radix_cache)
         worker = ModelWorker(self.config, self.runner, eos)
         self.scheduler = Scheduler(self.config, worker, kv, self.context_length, eos)
+        self.observer = Observer(self.config, self.tokenizer, self.get_stats, self.context_length)
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
@@ -59,7 +61,7 @@ class Engine:
         """Compiled-grammar cache of the configured backend (built on first use: ~1 s)."""
         if self._grammar_cache is None:
             backend = make_backend(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
-            self._grammar_cache = GrammarCache(backend)
+            self._grammar_cache = GrammarCache(backend, on_compiled=self.observer.on_grammar_compiled)
         return self._grammar_cache
 
     def _constraint(self, params: SamplingParams) -> Future | None:
@@ -165,6 +167,8 @@ class Engine:
         compiles = [self._constraint(p) for _, p in seqs]
         reqs = [self._make_req(ids, p, emit, stream=stream, rid=rid, **opts)
                 for (ids, p), emit in zip(seqs, emits, strict=True)]
+        for req, compile_ in zip(reqs, compiles, strict=True):
+            self.observer.watch(req, compile_)  # metrics, request log, trace when it finishes
         return reqs, compiles
 
     def _submit(self, reqs: list[Req]) -> None:
@@ -286,6 +290,7 @@ class Engine:
         """Stop the scheduler thread; requests in flight finish with reason "abort"."""
         if not self._closed:
             self._closed = True
+            self.observer.shutdown()
             self.scheduler.shutdown()
             self.runner.close()
             if self._grammar_cache is not None:

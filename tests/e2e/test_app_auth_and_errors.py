@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixgen.runtime.engine import Engine
 from radixgen.runtime.server import create_app
@@ -268,47 +268,31 @@ def test_auto_tool_choice_parses_a_call_out_of_the_text(app):
 
 # ---------------------------------------------------------------------------------------------- metrics
 
-SAMPLE = re.compile(r'^(radixgen_\w+)\{model_name="tiny"(?:,le="([^"]+)")?\} (\S+)$')
-
-
 def test_metrics_text_and_stats(app, tiny_engine):
     assert call(app, "POST", "/v1/chat/completions", dict(CHAT, max_tokens=3))[0] == 200  # at least one request
     status, raw = call(app, "GET", "/metrics")
     assert status == 200
     oracle = tiny_engine.get_stats()  # idle now: the same numbers the endpoint read
-    samples: dict[tuple[str, str | None], float] = {}
-    types: dict[str, str] = {}
-    for line in raw.decode().splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line.split()[2:]
-            types[name] = kind
-        elif not line.startswith("# HELP "):
-            m = SAMPLE.match(line)
-            assert m, line
-            samples[m[1], m[2]] = float(m[3])
-    assert samples["radixgen_kv_capacity_tokens", None] == oracle["kv_capacity"] == 4096
-    assert samples["radixgen_kv_used_tokens", None] == oracle["kv_used"]
-    assert samples["radixgen_kv_usage_ratio", None] == pytest.approx(oracle["kv_used"] / oracle["kv_capacity"])
-    assert samples["radixgen_requests_arrived_total", None] == oracle["requests_arrived"] >= 1
-    assert types["radixgen_requests_arrived_total"] == "counter" and types["radixgen_num_running_reqs"] == "gauge"
-    assert samples["radixgen_num_running_reqs", None] == 0
-    # an engine stat the exporter has no name for shows up as a gauge under its own name
-    assert samples["radixgen_forward_steps", None] == oracle["forward_steps"] and types["radixgen_forward_steps"] == \
-        "gauge"
-    ttft = oracle["ttft"]
-    assert types["radixgen_time_to_first_token_seconds"] == "histogram" and ttft.n >= 1
+    samples = {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(raw.decode())
+               for s in f.samples if s.labels.get("model_name", "tiny") == "tiny"}
+    assert samples["sglang:max_total_num_tokens", None] == oracle["kv_capacity"] == 4096
+    assert samples["sglang:kv_available_tokens", None] == oracle["kv_capacity"] - oracle["kv_used"]
+    assert samples["sglang:kv_evictable_tokens", None] == oracle["kv_evictable"]
+    assert samples["sglang:num_running_reqs", None] == 0 and samples["sglang:token_usage", None] == 0
+    assert samples["radixgen:forward_steps_total", None] == oracle["forward_steps"]
+    itl = oracle["itl"]
+    assert itl.n >= 1
     total = 0
-    for le, count in zip([*ttft.buckets, float("inf")], ttft.counts, strict=True):  # buckets are cumulative
+    for le, count in zip([*itl.buckets, float("inf")], itl.counts, strict=True):  # buckets are cumulative
         total += count
-        key = "+Inf" if le == float("inf") else repr(float(le))
-        assert samples["radixgen_time_to_first_token_seconds_bucket", key] == total, key
-    assert total == ttft.n == samples["radixgen_time_to_first_token_seconds_count", None]
-    assert samples["radixgen_time_to_first_token_seconds_sum", None] == pytest.approx(ttft.total)
-    assert ("radixgen_inter_token_latency_seconds_bucket", "+Inf") in samples
+        key = "+Inf" if le == float("inf") else str(float(le))
+        assert samples["sglang:inter_token_latency_seconds_bucket", key] == total, key
+    assert total == itl.n == samples["sglang:inter_token_latency_seconds_count", None]
+    assert samples["sglang:inter_token_latency_seconds_sum", None] == pytest.approx(itl.total)
     stats = json.loads(call(app, "GET", "/stats")[1])
     assert stats["kv_capacity"] == oracle["kv_capacity"] and stats["requests_arrived"] == oracle["requests_arrived"]
-    assert stats["ttft"] == {"buckets": list(ttft.buckets), "counts": list(ttft.counts), "sum": ttft.total,
-                             "count": ttft.n}
+    assert stats["itl"] == {"buckets": list(itl.buckets), "counts": list(itl.counts), "sum": itl.total,
+                            "count": itl.n}
 
 
 # ---------------------------------------------------------------------------------------------- real server

@@ -140,12 +140,12 @@ def test_metrics_text(server, client):
     chat(client, max_tokens=3)
     status, text = server.get("/metrics")
     assert status == 200
-    for name in ("num_running_reqs", "num_waiting_reqs", "kv_used_tokens", "kv_usage_ratio", "cache_hit_rate",
-                 "generation_throughput_tokens_per_second", "time_to_first_token_seconds_bucket",
-                 "inter_token_latency_seconds_count"):
-        assert f"radixgen_{name}" in text, name
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
+                 "sglang:gen_throughput", "sglang:time_to_first_token_seconds_bucket",
+                 "sglang:inter_token_latency_seconds_count"):
+        assert name in text, name
     buckets = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith("radixgen_time_to_first_token_seconds_bucket")]
+               if ln.startswith("sglang:time_to_first_token_seconds_bucket") and 'is_streaming="false"' in ln]
     assert buckets == sorted(buckets) and buckets[-1] >= 1  # cumulative, +Inf last
     assert 'le="+Inf"' in text
 

@@ -10,6 +10,8 @@ KV from the tree instead of computing the same prefix twice.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from radixgen.radix_cache.radix_tree import RadixCache
@@ -72,6 +74,9 @@ class Admission:
             kv.admit(req)
             waiting.remove(req)
             running.append(req)
+            if req.scheduled_time is None:  # first admission (a retracted request comes back later)
+                req.scheduled_time = time.perf_counter()
+                self.metrics.on_admit(req.cached_tokens)
             chunks[id(req)], budget, need = n, budget - n, need + n
         reqs = [r for r in running if id(r) in chunks]
         return (reqs, [chunks[id(r)] for r in reqs]) if reqs else None
@@ -80,7 +85,6 @@ class Admission:
         prefix = self.kv.match(req)
         if not req.output_ids:
             req.cached_tokens = prefix
-            self.metrics.cached_prompt_tokens += prefix
 
     def _retract(self, candidates: list[Req], running: list[Req], waiting: list[Req]) -> Req:
         """Send the request with the least progress back to the waiting queue; its KV goes to the tree."""

@@ -113,6 +113,7 @@ class Req:
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     created: float = field(default_factory=time.perf_counter)
+    scheduled_time: float | None = None  # first admitted to the running batch (its queue wait ends)
     first_token_time: float | None = None
     last_token_time: float | None = None
 
@@ -180,6 +181,9 @@ class Req:
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finished.to_dict() if self.finished else None,
             "e2e_latency": time.perf_counter() - self.created,
+            # SGLang's names; None until the request is scheduled / has its first token
+            "queue_time": None if self.scheduled_time is None else self.scheduled_time - self.created,
+            "first_token_latency": None if self.first_token_time is None else self.first_token_time - self.created,
         }
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_logprobs

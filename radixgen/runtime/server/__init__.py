@@ -2,8 +2,8 @@
 
 See app.py for the routes; chat.py and completions.py hold the OpenAI endpoints, protocol.py the
 request / response models, state.py what every handler shares (ServerState, engine-call helpers),
-streams.py the SSE framing, metrics_text.py the Prometheus exposition. Imported lazily (FastAPI is
-only needed when serving).
+streams.py the SSE framing; metrics, logs and traces live in runtime/observability/. Imported
+lazily (FastAPI is only needed when serving).
 """
 
 from __future__ import annotations

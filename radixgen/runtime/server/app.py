@@ -10,7 +10,8 @@ Routes (OpenAI-compatible unless noted):
   Server-Sent Events, one engine chunk per event, whose `text` and `output_ids` are DELTAS (the new
   text / ids since the previous event, exactly as the engine's own stream), then `data: [DONE]`.
 - POST /flush_cache: `{"success": bool}` (false while requests are in flight: poll)
-- GET /metrics: Prometheus text (metrics_text.py); GET /stats: the same numbers as JSON
+- GET /metrics: Prometheus text with SGLang's metric names (runtime/observability/); GET /stats: the
+  engine's own counters as JSON
 - GET /get_model_info: model name and path, context length, the chat template text and special tokens
   (what `RuntimeEndpoint` needs to render roles client-side); POST /tokenize, POST /detokenize
 
@@ -33,10 +34,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixgen.runtime.server import chat, completions, metrics_text
+from radixgen.runtime.observability import exposition
+from radixgen.runtime.observability.observer import served_model_name
+from radixgen.runtime.observability.tracing import TraceContextMiddleware
+from radixgen.runtime.server import chat, completions
 from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
     APIError,
@@ -95,13 +99,14 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
     """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`; the parsers are
     the `--tool-call-parser` / `--reasoning-parser` names (parsers/)."""
     if model_name is None:
-        path = getattr(getattr(engine, "config", None), "model", None)
-        model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "smollm2-135m-instruct"
+        model_name = served_model_name(getattr(getattr(engine, "config", None), "model", None))
+    engine.observer.set_labels(model_name=model_name)
     state = ServerState(engine, model_name, api_key, tool_format_named(tool_call_parser),
                         reasoning_format_named(reasoning_parser))
     app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.radixgen = state
     app.add_middleware(_Gate, state=state)
+    app.add_middleware(TraceContextMiddleware)  # an HTTP request's traceparent parents its engine spans
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -192,13 +197,13 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        stats = await asyncio.to_thread(engine.get_stats)
-        return PlainTextResponse(metrics_text.render(stats, state.model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        await asyncio.to_thread(engine.observer.refresh)
+        body, content_type = exposition.render(engine.observer.metrics)
+        return Response(body, media_type=content_type)
 
     @app.get("/stats")
     async def stats() -> Response:
-        return JSONResponse(metrics_text.to_json(await asyncio.to_thread(engine.get_stats)))
+        return JSONResponse(exposition.stats_json(await asyncio.to_thread(engine.get_stats)))
 
     chat.register(app, state)
     completions.register(app, state)
