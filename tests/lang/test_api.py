@@ -6,8 +6,8 @@ import pytest
 from pydantic import BaseModel
 
 import radixgen as sgl
-from radixgen.lang import ir
 from radixgen.grammar.schema import DTYPE_REGEX
+from radixgen.lang import ir
 from radixgen.lang.api import dtype_regex
 
 
