@@ -18,6 +18,7 @@ from typing import Any
 
 from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.device import check_device
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.scheduler.request import Req
 from radixgen.runtime.scheduler.scheduler import Scheduler
@@ -33,10 +34,15 @@ class Engine:
     """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`."""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
+        if "model_path" in config:  # SGLang's name for it
+            if model is not None:
+                raise TypeError("give model or model_path, not both")
+            model = config.pop("model_path")
         unknown = sorted(set(config) - set(EngineConfig.field_names()))
         if unknown:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
+        check_device(self.config.device)
         self.tokenizer = load_tokenizer(model)
         self.runner = on_short_lived_thread(lambda: ModelRunner(self.config))
         self.model_config = self.runner.model_config
