@@ -8,8 +8,10 @@ per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for th
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -26,6 +28,7 @@ from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams
 
+logger = logging.getLogger(__name__)
 Prompt = str | list[str] | None
 Ids = list[int] | list[list[int]] | None
 
@@ -43,6 +46,7 @@ class Engine:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
         check_device(self.config.device)
+        t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model)
         self.runner = on_short_lived_thread(lambda: ModelRunner(self.config))
         self.model_config = self.runner.model_config
@@ -52,6 +56,8 @@ class Engine:
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
+        logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
+                    self.config.max_total_tokens, self.context_length)
 
     # ------------------------------------------------------------------ constraints
 

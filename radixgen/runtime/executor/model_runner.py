@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -17,6 +20,7 @@ from radixgen.runtime.models.llama import LlamaModel
 from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
 from radixgen.runtime.models.resolve import resolve_model_path
 
+logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -30,7 +34,11 @@ class ModelRunner:
         self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        t0 = time.perf_counter()
+        path = resolve_model_path(config.model)
+        logger.info("loading %s (%s on %s)", path, config.dtype, config.device)
         model_config, weights = load_model_weights(config.model)
+        logger.info("weights loaded in %.1f s (%d tensors)", time.perf_counter() - t0, len(weights))
         self.model_config: ModelConfig = model_config
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
@@ -43,10 +51,11 @@ class ModelRunner:
             self.model.pack_weights()
         if cpu_layer_ops.available(self.device, self.dtype):
             self.model.use_fused_ops()
-        path = resolve_model_path(config.model)
         if (path.suffix == ".gguf" and self.device.type == "cpu" and self.dtype == torch.float32
                 and not config.disable_block_kernels and block_gemm.library() is not None):
             self.model.set_block_weights(load_gguf_blocks(path, model_config))
+        logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
+                    model_config.num_layers, model_config.vocab_size)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(

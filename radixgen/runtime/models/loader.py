@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -19,6 +21,7 @@ from radixgen.runtime.kernels.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, f
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 
+logger = logging.getLogger(__name__)
 GGUF_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -152,6 +155,9 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     cache = cache_dir_for(path) / WEIGHTS_CACHE_NAME
     if cache.is_file():
         return config, load_file(str(cache))
+    logger.info("dequantizing %d GGUF tensors of %s (first load of this file; cached in %s)", len(reader.tensors),
+                path.name, cache.parent)
+    t0 = time.perf_counter()
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         qtype = t.tensor_type.name
@@ -172,4 +178,5 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     save_file(weights, str(tmp))
     os.replace(tmp, cache)
+    logger.info("dequantized in %.1f s", time.perf_counter() - t0)
     return config, weights
