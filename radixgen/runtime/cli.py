@@ -2,6 +2,10 @@
 
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
+    radixgen --version                 (also `python -m radixgen ...`)
+
+Start-up problems the user can fix (a model that cannot be found, an unavailable device, a bad
+setting) end with one `radixgen serve: error: ...` line and exit status 1, not a traceback.
 
 The engine flags are generated from `EngineConfig`'s fields (so a flag and a field never drift): the
 name with dashes, the type and choices from the annotation, the help from the docstring under the
@@ -19,6 +23,7 @@ import os
 import runpy
 import sys
 import textwrap
+import time
 import typing
 from dataclasses import MISSING, fields
 from typing import Any
@@ -80,7 +85,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from radixgen import __version__
+
     parser = argparse.ArgumentParser(prog="radixgen", description="radixgen: structured generation runtime.")
+    parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{serve,run}")
     sub.required = True
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
@@ -93,8 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: $RADIXGEN_API_KEY, else no key)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients pass as `model` (default: derived from --model)")
-    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                       help="log level of the server (default: warning)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level of the server (default: info: load progress, then warnings)")
+    serve.add_argument("--skip-warmup", action="store_true",
+                       help="accept requests right after loading, without first running one short request "
+                            "(the first request then pays for the warm-up, ~1-8 s)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
     run = sub.add_parser("run", help="run a Python file (e.g. @function programs) with runpy",
                          description="Run a Python file as __main__; with --endpoint its programs default to "
@@ -111,12 +122,19 @@ def serve(args: argparse.Namespace) -> None:
 
     from radixgen.runtime.engine import Engine
     from radixgen.runtime.server import create_app
+    from radixgen.runtime.server.warmup import warm_up
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = Engine(**engine_kwargs(args))
+    t0 = time.perf_counter()
+    try:
+        engine = Engine(**engine_kwargs(args))
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"radixgen serve: error: {e}") from None
     try:
         app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name)
         state = app.state.radixgen
+        if not args.skip_warmup:
+            warm_up(engine, state)
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
@@ -125,7 +143,8 @@ def serve(args: argparse.Namespace) -> None:
 
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=5, access_log=args.log_level == "debug")
-        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port}", flush=True)
+        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port} "
+              f"(ready in {time.perf_counter() - t0:.1f} s)", flush=True)
         Server(config).run()
     finally:
         engine.shutdown()
