@@ -25,6 +25,14 @@ import time
 import urllib.request
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    return ap
+
+
 def prompts(n: int) -> list[str]:
     topics = ["the sea", "a robot", "a city at night", "an old tree", "a lost key", "the moon", "a small cat",
               "a long train"]
@@ -101,11 +109,7 @@ def start_server(port: int) -> subprocess.Popen:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     texts = prompts(args.requests)
     warm = [f"Warm-up {i}: say something about {t}." for i, t in enumerate(prompts(args.requests))]
 
