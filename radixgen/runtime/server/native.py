@@ -62,8 +62,11 @@ from radixgen.runtime.server.protocol import (
     TokenizeRequest,
     bad_request,
 )
+from radixgen.sampling.params import SamplingParams
 
 IGNORED_SAMPLING_FIELDS = ("spaces_between_special_tokens", "stream_interval")
+ENGINE_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+NATIVE_SAMPLING_FIELDS = {"stop_regex", "no_stop_trim", "sampling_seed", *IGNORED_SAMPLING_FIELDS}
 LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs")
 TOP_LOGPROB_KEYS = ("input_top_logprobs", "output_top_logprobs")
 
@@ -92,6 +95,11 @@ def engine_sampling_params(sp: Any, param: str = "sampling_params") -> tuple[Any
         raise bad_request(f"no_stop_trim must be a bool, got {no_stop_trim!r}", f"{param}.no_stop_trim")
     if "sampling_seed" in out:
         out["seed"] = out.pop("sampling_seed")
+    unknown = sorted(set(out) - ENGINE_SAMPLING_FIELDS)
+    if unknown:
+        raise bad_request(f"sampling parameter {unknown[0]!r} is not supported by radixgen; supported: "
+                          f"{', '.join(sorted(ENGINE_SAMPLING_FIELDS | NATIVE_SAMPLING_FIELDS))}",
+                          f"{param}.{unknown[0]}")
     return out, NativeOptions(stop, no_stop_trim)
 
 
