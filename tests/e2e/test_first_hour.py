@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from radixgen.runtime.threads import on_short_lived_thread
 from tests.e2e.conftest import Server
 
 
@@ -85,12 +86,15 @@ def test_hugging_face_names_resolve_through_the_hub_cache_offline(tiny_models, t
         assert status == 200
     finally:
         srv.stop()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_models["llama"], dtype=torch.float32).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(tiny_models["llama"])
-    ids = tok("The capital of France is", return_tensors="pt").input_ids
-    with torch.no_grad():
-        ref = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, ids.shape[1]:].tolist()
-    assert out["output_ids"] == ref
+    def hf_greedy() -> list[int]:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_models["llama"], dtype=torch.float32).eval()
+        tok = transformers.AutoTokenizer.from_pretrained(tiny_models["llama"])
+        ids = tok("The capital of France is", return_tensors="pt").input_ids
+        with torch.no_grad():
+            return hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)[0, ids.shape[1]:].tolist()
+
+    # on a thread that exits, so no idle torch thread team is left behind to slow the session's engine
+    assert out["output_ids"] == on_short_lived_thread(hf_greedy)
 
     missing = _radixgen("serve", "--model", "tiny-org/not-downloaded", "--port", "1", env=env)
     assert missing.returncode == 1 and "Traceback" not in missing.stderr

@@ -51,7 +51,7 @@ def chat(s, question):
 @sgl.function
 def story(s):
     s += "Once upon a time, in a small village by the sea,"
-    s += sgl.gen("story", max_tokens=20)
+    s += sgl.gen("story", max_tokens=12)
 
 
 @sgl.function
@@ -124,13 +124,11 @@ def test_streaming_with_meta_data(backend):
     items = asyncio.run(collect())
     assert "".join(chunk for chunk, _ in items) == final and len(items) > 3
     counts = [meta.get("completion_tokens", 0) for _, meta in items]
-    assert counts == sorted(counts) and counts[-1] == meta["completion_tokens"] >= 20  # (+1 healed token)
+    assert counts == sorted(counts) and counts[-1] == meta["completion_tokens"] >= 12  # (+1 healed token)
     assert items[-1][1]["finish_reason"]["type"] == "length"
     assert all(meta["finish_reason"] is None for _, meta in items[:-1] if meta)
-    st = story.run(temperature=0, backend=backend, stream=True)
-    assert "".join(st.text_iter()) == st.text()
     with pytest.raises(ValueError, match="needs a variable name"):
-        next(st.text_iter(return_meta_data=True))
+        next(done.text_iter(return_meta_data=True))
 
 
 def test_stop_regex(backend):
@@ -194,18 +192,18 @@ def test_global_config(engine, capsys):
     @sgl.function
     def raw_turn(s):
         s += "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK."
-        s += sgl.gen("out", max_tokens=6, ignore_eos=True, token_healing=False)
+        s += sgl.gen("out", max_tokens=2, ignore_eos=True, token_healing=False)
 
     prompt = "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK."
-    kept = _direct(engine, prompt, max_new_tokens=6, ignore_eos=True, skip_special_tokens=False)
+    kept = _direct(engine, prompt, max_new_tokens=2, ignore_eos=True, skip_special_tokens=False)
     assert "<|im_end|>" in kept  # the model ends its turn at once
     cfg.skip_special_tokens_in_output = False
     try:
         assert raw_turn.run(temperature=0, backend=backend)["out"] == kept
     finally:
         cfg.skip_special_tokens_in_output = True
-    assert raw_turn.run(temperature=0, backend=backend)["out"] == _direct(engine, prompt, max_new_tokens=6,
-                                                                            ignore_eos=True)
+    skipped = _direct(engine, prompt, max_new_tokens=2, ignore_eos=True)
+    assert "<|im_end|>" not in skipped and raw_turn.run(temperature=0, backend=backend)["out"] == skipped
     with pytest.raises(AttributeError, match="no setting"):
         cfg.enable_magic = True
     with pytest.raises(TypeError, match="must be a bool"):
