@@ -16,6 +16,13 @@ import argparse
 import json
 import time
 
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=20)
+    return ap
+
+
 TOOL_SCHEMA = {
     "type": "object",
     "properties": {
@@ -76,9 +83,7 @@ def walk_fill(grammar, ids: list[int], mask, fill) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=20)
-    args = ap.parse_args()
+    args = build_parser().parse_args()
 
     import xgrammar as xgr
 

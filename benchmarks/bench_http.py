@@ -46,6 +46,17 @@ WEATHER = {"type": "function", "function": {
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Dakar"]
 
 
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="torch threads of the server and of the in-process engine (default: torch's choice); 1 "
+                         "keeps the server's CPU time free of OpenMP spinning, so its ratios hold on a loaded machine")
+    return ap
+
+
 def prompts(n: int) -> list[str]:
     topics = ["the sea", "a robot", "a city at night", "an old tree", "a lost key", "the moon", "a small cat",
               "a long train"]
@@ -227,14 +238,7 @@ async def bench(url: str, server_pid: int, engine, args: argparse.Namespace) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--requests", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--server-threads", type=int, default=None,
-                    help="torch threads of the server and of the in-process engine (default: torch's choice); 1 "
-                         "keeps the server's CPU time free of OpenMP spinning, so its ratios hold on a loaded machine")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
 
     from radixgen.runtime.engine import Engine
 

@@ -3,6 +3,10 @@
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
     radixgen router --worker-urls URL [URL ...] [--host H] [--port P] [every RouterConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
+    radixgen --version                 (also `python -m radixgen ...`)
+
+Start-up problems the user can fix (a model that cannot be found, an unavailable device, a bad
+setting) end with one `radixgen serve: error: ...` line and exit status 1, not a traceback.
 
 `serve --dp-size N` starts N replicas behind a router in this process; `serve --node-rank K` (K > 0)
 runs that machine's tensor-parallel ranks for node 0's engine (see docs/scaling.md).
@@ -23,6 +27,7 @@ import os
 import runpy
 import sys
 import textwrap
+import time
 import typing
 from collections.abc import Iterator
 from dataclasses import MISSING, fields
@@ -97,7 +102,10 @@ def config_kwargs(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from radixgen import __version__
+
     parser = argparse.ArgumentParser(prog="radixgen", description="radixgen: structured generation runtime.")
+    parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{serve,router,run}")
     sub.required = True
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
@@ -114,10 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="format of the model's tool calls (default: auto, the one its chat template uses)")
     serve.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSER_CHOICES,
                        help="split a thinking model's <think>...</think> into reasoning_content (default: none)")
-    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                       help="log level of the server (default: warning)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level of the server (default: info: load progress, request and batch lines)")
     serve.add_argument("--log-format", default="text", choices=["text", "json"],
                        help="log lines as text or as one JSON object each (default: text)")
+    serve.add_argument("--skip-warmup", action="store_true",
+                       help="accept requests right after loading, without first running one short request "
+                            "(the first request then pays for the warm-up, ~1-8 s)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
     add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
     router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
@@ -151,13 +162,20 @@ def serve(args: argparse.Namespace) -> None:
     from radixgen.runtime.engine import Engine
     from radixgen.runtime.observability.log_format import configure_logging
     from radixgen.runtime.server import create_app
+    from radixgen.runtime.server.warmup import warm_up
 
     configure_logging(args.log_level, args.log_format)
-    engine = Engine(**engine_kwargs(args))
+    t0 = time.perf_counter()
+    try:
+        engine = Engine(**engine_kwargs(args))
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"radixgen serve: error: {e}") from None
     try:
         app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         state = app.state.radixgen
+        if not args.skip_warmup:
+            warm_up(engine, state)
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
@@ -175,7 +193,8 @@ def serve(args: argparse.Namespace) -> None:
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=5, access_log=args.log_level == "debug",
                                 **({"log_config": None} if args.log_format == "json" else {}))  # json: ours
-        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port}", flush=True)
+        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port} "
+              f"(ready in {time.perf_counter() - t0:.1f} s)", flush=True)
         Server(config).run()
     finally:
         engine.shutdown()

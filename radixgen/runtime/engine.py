@@ -8,8 +8,10 @@ per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for th
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -18,6 +20,7 @@ from typing import Any
 
 from radixgen.grammar import GrammarCache, make_backend, spec_from_params
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.device import check_device
 from radixgen.runtime.distributed import make_model_runner
 from radixgen.runtime.executor.worker import ModelWorker
 from radixgen.runtime.observability.observer import Observer
@@ -28,6 +31,7 @@ from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams
 
+logger = logging.getLogger(__name__)
 Prompt = str | list[str] | None
 Ids = list[int] | list[list[int]] | None
 
@@ -36,10 +40,16 @@ class Engine:
     """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`."""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
+        if "model_path" in config:  # SGLang's name for it
+            if model is not None:
+                raise TypeError("give model or model_path, not both")
+            model = config.pop("model_path")
         unknown = sorted(set(config) - set(EngineConfig.field_names()))
         if unknown:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
+        check_device(self.config.device)
+        t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model)
         self.runner = on_short_lived_thread(lambda: make_model_runner(self.config))
         self.model_config = self.runner.model_config
@@ -53,6 +63,8 @@ class Engine:
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
+        logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
+                    self.config.max_total_tokens, self.context_length)
 
     # ------------------------------------------------------------------ constraints
 

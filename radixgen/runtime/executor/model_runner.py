@@ -7,6 +7,7 @@ matrices (no GGUF blocks), no CUDA graphs; `runtime/distributed/` drives the ran
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -39,6 +40,9 @@ class ModelRunner:
         self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        t0 = time.perf_counter()
+        path = resolve_model_path(config.model)
+        logger.info("loading %s (%s on %s)", path, config.dtype, config.device)
         model_config, checkpoint = open_checkpoint(config.model)
         self.model_config: ModelConfig = model_config
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
@@ -48,13 +52,14 @@ class ModelRunner:
         del checkpoint
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
-        path = resolve_model_path(config.model)
         blocks = None
         if (path.suffix == ".gguf" and tp is None and not config.disable_block_kernels
                 and can_use_blocks(self.device, self.dtype)):
             blocks = load_gguf_blocks(path, model_config)
         self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
                               c_kernels=layer_ops.available(self.device, self.dtype))
+        logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
+                    model_config.num_layers, model_config.vocab_size)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(

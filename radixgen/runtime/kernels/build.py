@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import torch  # noqa: F401  (loads libgomp before any kernel library)
@@ -63,9 +64,12 @@ def build(variant: str = "native") -> Path | None:
         root.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".tmp{os.getpid()}.so")
         sources = [str(p) for p in _sources()]
+        logger.info("building the C kernels (%s) with %s (first run on this CPU, ~10-30 s) into %s", variant, cc, out)
+        t0 = time.perf_counter()
         proc = subprocess.run([cc, *flags, *sources, "-o", str(tmp), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             logger.warning("building the C kernels (%s) failed, they are off:\n%s", variant, proc.stderr[-2000:])
             return None
         os.replace(tmp, out)
+        logger.info("built the C kernels in %.1f s", time.perf_counter() - t0)
     return out

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +24,7 @@ from radixgen.runtime.kernels.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, f
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 
+logger = logging.getLogger(__name__)
 GGUF_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -176,8 +179,12 @@ def gguf_weights_file(path: Path, config: ModelConfig) -> Path:
     cache = cache_dir_for(path) / WEIGHTS_CACHE_NAME
     if cache.is_file():
         return cache
+    reader = gguf_reader(path)
+    logger.info("dequantizing %d GGUF tensors of %s (first load of this file; cached in %s)", len(reader.tensors),
+                path.name, cache.parent)
+    t0 = time.perf_counter()
     weights: dict[str, torch.Tensor] = {}
-    for t in gguf_reader(path).tensors:
+    for t in reader.tensors:
         qtype = t.tensor_type.name
         if qtype not in GGUF_QUANTS:
             raise ValueError(
@@ -196,4 +203,5 @@ def gguf_weights_file(path: Path, config: ModelConfig) -> Path:
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     save_file(weights, str(tmp))
     os.replace(tmp, cache)
+    logger.info("dequantized in %.1f s", time.perf_counter() - t0)
     return cache

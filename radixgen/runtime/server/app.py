@@ -4,16 +4,10 @@ Routes (OpenAI-compatible unless noted):
 
 - POST /v1/chat/completions (chat.py), POST /v1/completions (completions.py), GET /v1/models[/{id}]
 - GET /health: 200 while serving, 503 once shutting down
-- POST /generate (native): the engine's `async_generate` arguments as JSON (`text` or `input_ids`,
-  `sampling_params`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`, `rid`, `extra_key`);
-  returns the engine's dict (a list for several prompts or n > 1). With `"stream": true` it answers
-  Server-Sent Events, one engine chunk per event, whose `text` and `output_ids` are DELTAS (the new
-  text / ids since the previous event, exactly as the engine's own stream), then `data: [DONE]`.
-- POST /flush_cache: `{"success": bool}` (false while requests are in flight: poll)
+- SGLang's native routes (native.py): POST /generate, GET /get_model_info, GET /get_server_info,
+  POST /concate_and_append_request, GET|POST /flush_cache, POST /abort_request, POST /tokenize, ...
 - GET /metrics: Prometheus text with SGLang's metric names (runtime/observability/); GET /stats: the
   engine's own counters as JSON
-- GET /get_model_info: model name and path, context length, the chat template text and special tokens
-  (what `RuntimeEndpoint` needs to render roles client-side); POST /tokenize, POST /detokenize
 
 Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 for invalid parameters
 (pydantic's 422 is turned into 400) and prompts over the context length (code
@@ -29,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -40,20 +33,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixgen.runtime.observability import exposition
 from radixgen.runtime.observability.observer import served_model_name
 from radixgen.runtime.observability.tracing import TraceContextMiddleware
-from radixgen.runtime.server import chat, completions
+from radixgen.runtime.server import chat, completions, native
 from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
     APIError,
-    DetokenizeRequest,
-    GenerateRequest,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     bad_request,
     error_from_value_error,
 )
-from radixgen.runtime.server.state import ServerState, engine_call, until_disconnect
-from radixgen.runtime.server.streams import SSE_DONE, SSEResponse, merge_streams, sse
+from radixgen.runtime.server.state import ServerState
 
 logger = logging.getLogger("radixgen.server")
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key
@@ -146,55 +135,6 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
         card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.context_length)
         return JSONResponse(card.model_dump())
 
-    @app.get("/get_model_info")
-    async def model_info() -> Response:
-        tok = state.tokenizer
-        hf = getattr(tok, "hf", None)
-        return JSONResponse({
-            "model_name": state.model_name,
-            "model_path": str(getattr(getattr(engine, "config", None), "model", None) or ""),
-            "context_length": engine.context_length,
-            "vocab_size": getattr(tok, "vocab_size", None),
-            "chat_template": getattr(tok, "chat_template", None),
-            "special_tokens_map": dict(getattr(hf, "special_tokens_map", {}) or {}),
-            "bos_token_id": getattr(hf, "bos_token_id", None),
-            "eos_token_ids": list(tok.eos_token_ids),
-            "all_special_ids": list(getattr(hf, "all_special_ids", []) or []),
-        })
-
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> Response:
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        ids = [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens) for t in texts]
-        return JSONResponse({"tokens": ids[0] if isinstance(req.text, str) else ids})
-
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> Response:
-        return JSONResponse({"text": state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)})
-
-    @app.post("/generate")
-    async def generate(req: GenerateRequest, request: Request) -> Response:
-        kw = dict(prompt=req.text, input_ids=req.input_ids, sampling_params=req.sampling_params,
-                  return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                  top_logprobs_num=req.top_logprobs_num, extra_key=req.extra_key, rid=req.rid)
-        if not req.stream:
-            out = await until_disconnect(request, engine_call(engine.async_generate(**kw), "sampling_params"))
-            return JSONResponse(out)
-        streams = await state.open_streams(request, [kw], "sampling_params")
-
-        async def events() -> AsyncIterator[bytes]:
-            async for _, chunk in merge_streams(streams):
-                yield sse(chunk)
-            yield SSE_DONE
-
-        return SSEResponse(events())
-
-    @app.post("/flush_cache")
-    async def flush_cache() -> Response:
-        ok = await asyncio.to_thread(engine.flush_cache)
-        return JSONResponse({"success": bool(ok), "message": "cache flushed" if ok else
-                             "requests are in flight; the cache was not flushed (retry when idle)"})
-
     @app.get("/metrics")
     async def metrics() -> Response:
         await asyncio.to_thread(engine.observer.refresh)
@@ -207,4 +147,5 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
 
     chat.register(app, state)
     completions.register(app, state)
+    native.register(app, state)
     return app

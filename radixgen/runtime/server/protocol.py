@@ -403,6 +403,15 @@ class GenerateRequest(_Model):
     stream: bool = False
     rid: str | None = None
     extra_key: str | None = None
+    return_text_in_logprobs: bool = False  # logprob entries carry the token's text (SGLang)
+    image_data: Any = None  # refused: text-only models (SGLang's client sends it for sgl.image)
+
+
+class ConcateAndAppendRequest(_Model):
+    """What SGLang's client posts for join(mode="concate_and_append")."""
+
+    src_rids: list[str]
+    dst_rid: str
 
 
 class TokenizeRequest(_Model):
