@@ -50,6 +50,7 @@ class ModelRunner:
         model = LlamaModel(model_config, self.context_length, tp)
         model.load_weights(checkpoint)
         del checkpoint
+        logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
         blocks = None

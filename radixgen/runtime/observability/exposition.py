@@ -11,7 +11,7 @@ empty when the processes start (the launcher clears it), as prometheus_client re
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -22,9 +22,6 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client import CollectorRegistry as Registry
-
-if TYPE_CHECKING:
-    from radixgen.runtime.observability.metrics import EngineMetrics
 
 
 def multiprocess_dir() -> str | None:
@@ -39,14 +36,14 @@ def add_process_collectors(registry: Registry) -> None:
     GCCollector(registry=registry)
 
 
-def render(metrics: EngineMetrics | None) -> tuple[bytes, str]:
-    """(body, content type) of the Prometheus text format: this process's engine `metrics`, or in
-    multiprocess mode every process's files (`metrics` may then be None: a front process with no
-    engine of its own renders its replicas')."""
+def render(registry: Registry | None) -> tuple[bytes, str]:
+    """(body, content type) of the Prometheus text format: this process's engine metrics `registry`,
+    or in multiprocess mode every process's files (`registry` may then be None: a front process with
+    no engine of its own renders its replicas')."""
     if multiprocess_dir() is None:
-        if metrics is None:
+        if registry is None:
             raise ValueError("render(None) needs prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR)")
-        return generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+        return generate_latest(registry), CONTENT_TYPE_LATEST
     registry = Registry()
     multiprocess.MultiProcessCollector(registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST

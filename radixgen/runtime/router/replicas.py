@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import subprocess
 import sys
 import time
 from dataclasses import MISSING, fields
 from typing import Any
 
-from radixgen.runtime.cli import config_kwargs, engine_kwargs, main
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.distributed.launch import exit_with_parent, free_port, run_node
+from radixgen.runtime.config_flags import config_kwargs, engine_kwargs
+from radixgen.runtime.distributed.launch import free_port, run_node
 from radixgen.runtime.router.config import RouterConfig
 
 STARTUP_TIMEOUT_S = 900.0
@@ -80,8 +79,8 @@ def start_replicas(args: argparse.Namespace, config: EngineConfig) -> list[tuple
     out = []
     for _ in range(config.dp_size):
         port = free_port()
-        cmd = [sys.executable, "-m", "radixgen.runtime.router.replicas", "--host", "127.0.0.1", "--port", str(port),
-               *extra, *engine_argv(kwargs)]
+        cmd = [sys.executable, "-m", "radixgen.runtime.router.replica_process", "--host", "127.0.0.1",
+               "--port", str(port), *extra, *engine_argv(kwargs)]
         out.append((f"http://127.0.0.1:{port}", subprocess.Popen(cmd, stdin=subprocess.DEVNULL)))
     return out
 
@@ -135,9 +134,3 @@ def run_router(args: argparse.Namespace) -> None:
 
     app = create_router_app(args.worker_urls, RouterConfig(**config_kwargs(args, RouterConfig)))
     serve_app(app, args, f"routing over {args.worker_urls}")
-
-
-if __name__ == "__main__":
-    exit_with_parent()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(["serve", *sys.argv[1:]])

@@ -138,7 +138,7 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
     @app.get("/metrics")
     async def metrics() -> Response:
         await asyncio.to_thread(engine.observer.refresh)
-        body, content_type = exposition.render(engine.observer.metrics)
+        body, content_type = exposition.render(engine.observer.metrics.registry)
         return Response(body, media_type=content_type)
 
     @app.get("/stats")
