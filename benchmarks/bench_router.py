@@ -35,14 +35,8 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from radixgen.runtime.distributed.launch import free_port  # noqa: E402
-from radixgen.runtime.router.replicas import stop_replicas, wait_healthy  # noqa: E402
 
 WORDS = ("river apple stone cloud garden silver window market orange forest engine paper bridge candle harbor "
          "pencil winter summer valley rocket violin castle meadow copper island lantern mirror planet saddle "
@@ -50,6 +44,8 @@ WORDS = ("river apple stone cloud garden silver window market orange forest engi
 
 
 def launch(args: list[str]) -> tuple[str, subprocess.Popen]:
+    from radixgen.runtime.distributed.launch import free_port
+
     port = free_port()
     cmd = [sys.executable, "-m", "radixgen.runtime.cli", *args, "--host", "127.0.0.1", "--port", str(port)]
     return f"http://127.0.0.1:{port}", subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -99,6 +95,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.requests, args.system_words, args.kv_tokens = 16, 200, 1400
+    from radixgen.runtime.router.replicas import stop_replicas, wait_healthy  # lazy: torch
+
     requests = workload(args)
     replicas = [launch(["serve", "--num-threads", "1", "--max-total-tokens", str(args.kv_tokens)]) for _ in range(2)]
     results = {}

@@ -22,22 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from radixgen.runtime.engine import Engine  # noqa: E402
 
 WORDS = "river apple stone cloud garden silver window market orange forest engine paper bridge candle".split()
 
 
 def build_model(out: Path) -> Path:
     """A SmolLM2-shaped Llama with 8 query / 2 KV heads and random weights, with SmolLM2's tokenizer."""
+    import torch
     import transformers
 
     from radixgen.runtime.tokenizer import load_tokenizer
@@ -72,6 +66,8 @@ def timed_collectives(group) -> dict[str, float]:
 
 
 def measure(label: str, args: argparse.Namespace, **config) -> dict:
+    from radixgen.runtime.engine import Engine  # lazy: torch, after the arguments are parsed
+
     eng = Engine(max_total_tokens=8192, max_running_requests=16, **config)
     comm = timed_collectives(eng.runner.group) if config.get("tp_size", 1) > 1 else None
     prompt = " ".join(WORDS[i % len(WORDS)] for i in range(args.prefill_tokens))

@@ -231,5 +231,5 @@ def test_runtime_and_engine_model_path(tiny_models):
         assert story.run(temperature=0, max_new_tokens=6, backend=rt).text() == local
         assert rt.endpoint.get_model_name() == path
     assert rt.process.poll() is not None  # shut down on leaving the block
-    with pytest.raises(RuntimeError, match="unrecognized arguments: --tp-size"):
-        sgl.Runtime(model_path=path, tp_size=2)
+    with pytest.raises(RuntimeError, match="unrecognized arguments: --no-such-option"):
+        sgl.Runtime(model_path=path, no_such_option=2)

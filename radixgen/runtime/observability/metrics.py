@@ -203,6 +203,10 @@ class EngineMetrics:
 
     # ------------------------------------------------------------------ engine state
 
+    def start_from(self, stats: dict[str, Any]) -> None:
+        """Count from the `get_stats()` snapshot `stats` on, instead of from the engine's start."""
+        self._last = stats
+
     def publish(self, stats: dict[str, Any], context_len: int, page_size: int) -> None:
         """Set the gauges from a `get_stats()` snapshot and add what the counters gained since the
         previous one."""

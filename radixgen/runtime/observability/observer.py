@@ -11,11 +11,12 @@ demand (GET /metrics calls it), after recording every request finished before th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -52,6 +53,7 @@ class Observer:
         self._lock = threading.Lock()  # one recorder / publisher at a time
         self._stop = False
         self._closed = False
+        self._muted = False
         self._thread = threading.Thread(target=self._run, name="radixgen-observer", daemon=True)
         self._thread.start()
 
@@ -66,10 +68,26 @@ class Observer:
             if (name, rank) != (self.metrics.request_labels["model_name"], self._dp_rank):
                 self.metrics, self._dp_rank = EngineMetrics(name, rank), rank
 
+    @contextlib.contextmanager
+    def unobserved(self) -> Iterator[None]:
+        """Requests made inside are not observed, and every series starts again from the engine's
+        state when it ends: the server's warm-up requests are not the operator's traffic."""
+        self._muted = True
+        try:
+            yield
+        finally:
+            self._muted = False
+            stats = self.get_stats()
+            with self._lock:
+                self.metrics = EngineMetrics(self.metrics.request_labels["model_name"], self._dp_rank)
+                self.metrics.start_from(stats)
+
     # ------------------------------------------------------------------ requests (any thread)
 
     def watch(self, req: Any, compile_future: Future | None) -> None:
         """Follow `req` (not yet submitted) until it finishes; `compile_future` is its grammar compile."""
+        if self._muted:
+            return
         grammar_wait: list[float | None] = [None]
         if compile_future is not None:
             hit = compile_future.done()

@@ -21,9 +21,10 @@ def warm_up(engine: Any, state: Any) -> float:
     if getattr(engine.tokenizer, "chat_template", None):
         prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
         state.template_uses_tools()
-    engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0})
-    engine.generate("Hi", {"max_new_tokens": 2, "temperature": 0, "regex": "[0-9]+"})
-    engine.flush_cache()
+    with engine.observer.unobserved():  # not counted in /metrics nor logged as requests
+        engine.generate(prompt, {"max_new_tokens": 4, "temperature": 0})
+        engine.generate("Hi", {"max_new_tokens": 2, "temperature": 0, "regex": "[0-9]+"})
+        engine.flush_cache()
     seconds = time.perf_counter() - t0
     logger.info("warmed up in %.1f s (chat template, prefill + decode, grammar backend)", seconds)
     return seconds
