@@ -105,7 +105,12 @@ class Router:
         task.add_done_callback(self._tasks.discard)
 
     def _failed(self, w: Worker, e: BaseException) -> JSONResponse:
+        """The 502 of a request that failed on `w` after reaching it. A broken connection (not a
+        timeout) takes `w` out of rotation at once, before its slot is given back, so no queued
+        request is sent to a replica that is going away; a health check brings it back if it is fine."""
         self.pool.errors["worker_failed"] += 1
+        if isinstance(e, httpx.TransportError) and not isinstance(e, httpx.TimeoutException):
+            self.pool.leave(w, f"{type(e).__name__} while serving a request")
         self._probe(w)
         return _error(502, f"replica {w.url} failed while serving this request ({type(e).__name__}: {e}); it had "
                            f"started there, so it was not retried: send it again", "worker_failed")
@@ -134,8 +139,9 @@ class Router:
                 self.pool.rerouted += 1
                 continue
             except (httpx.HTTPError, WorkerGone) as e:
+                response = self._failed(w, e)
                 self.pool.release(w)
-                return self._failed(w, e)
+                return response
             out_headers = {"content-type": resp.headers.get("content-type", "application/json"), WORKER_HEADER: w.url}
             if stream and resp.status_code == 200:
                 return StreamingResponse(self._relay(resp, w), headers=out_headers)
