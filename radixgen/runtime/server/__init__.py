@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None) -> Any:
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None, options: Any = None) -> Any:
+    """See `radixgen.runtime.server.app.create_app`; `options` is a `ServerOptions` (limits)."""
     from radixgen.runtime.server.app import create_app as _create_app
 
-    return _create_app(engine, api_key=api_key, model_name=model_name)
+    return _create_app(engine, api_key=api_key, model_name=model_name, options=options)
 
 
 __all__ = ["create_app"]

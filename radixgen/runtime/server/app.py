@@ -19,6 +19,16 @@ Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 
 "context_length_exceeded"), 401 for a missing / wrong bearer key when `api_key` is set, 404 for unknown
 models and routes, 503 while shutting down.
 
+Hardening (the request-handling side lives in its own modules, hooked in here):
+- http_guard.py: request ids, the body-size cap (413), a catch-all turning a bug into a logged 500
+  naming the request id; auth.py: the API key (constant-time) and the draining gate;
+- body_checks.py (the route class): UTF-8, JSON, lone surrogates, and limits.py's per-field limits
+  (n, stop, tools, schema size and depth), all before a route runs;
+- budget.py: prompt tokens, max_tokens against the context room, the KV share of one request, and the
+  queue cap (429 + Retry-After), applied to every engine call made through `ServerState`;
+- nothing heavy on the event loop: tokenization, chat templating, constraint checks and large body
+  parsing run on `ServerState.offload`'s threads, so /health and other requests stay responsive.
+
 Disconnects: a streaming response closes the engine's async iterator when the client goes away (the
 iterator's `finally` aborts the request); non-streaming handlers race the engine call against the
 ASGI `http.disconnect` message and cancel it, which aborts the request too.
@@ -29,7 +39,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -39,6 +50,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
 from radixgen.common.byte_vocab import gpt2_byte_decoder
+from radixgen.grammar.compiler_cache import CompilerBusy, CompileTimeout
+from radixgen.runtime.server.auth import Gate
+from radixgen.runtime.server.body_checks import GuardedRoute
+from radixgen.runtime.server.budget import Admission, HeldStream, Hold, TokenBudget
+from radixgen.runtime.server.http_guard import HTTPGuard
+from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.protocol import (
     APIError,
     DetokenizeRequest,
@@ -52,18 +69,23 @@ from radixgen.runtime.server.protocol import (
 
 logger = logging.getLogger("radixgen.server")
 T = TypeVar("T")
-OPEN_PATHS = frozenset({"/health"})  # reachable without the API key
+PREP_THREADS = 4  # threads tokenizing, templating and checking requests off the event loop
 
 
 class ServerState:
-    """What every handler shares: the engine, the served name, the key, the draining flag."""
+    """What every handler shares: the engine, the served name, the limits, the draining flag."""
 
-    def __init__(self, engine: Any, model_name: str, api_key: str | None) -> None:
+    def __init__(self, engine: Any, model_name: str, options: ServerOptions | None = None) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
-        self.api_key = api_key
+        self.options = options = options or ServerOptions()
         self.draining = False
+        cfg = getattr(engine, "config", None)
+        self.budget = TokenBudget(engine.tokenizer, engine.context_length,
+                                  getattr(cfg, "max_total_tokens", 1 << 62), options)
+        self.admission = Admission(getattr(cfg, "max_running_requests", 256) + options.max_queued_requests)
+        self._prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="radixgen-prep")
         self._pieces: dict[int, tuple[str, list[int]]] = {}
         self._byte_decoder: dict[str, int] | None = None
         self._special: set[int] = set()
@@ -83,28 +105,88 @@ class ServerState:
         return names
 
     def check_context(self, ids: list[int], param: str = "messages") -> None:
-        limit = self.engine.context_length
-        if len(ids) >= limit:
-            raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has "
-                              f"{len(ids)} tokens; shorten the prompt", param, "context_length_exceeded")
+        self.budget.check_prompt(ids, param)
 
-    def room(self, ids: list[int]) -> int:
-        return max(self.engine.context_length - len(ids), 0)
+    def room(self, ids: list[int], n: int = 1) -> int:
+        """The default max_tokens: the context room, within one request's KV share (split over n)."""
+        return self.budget.default_max_tokens(ids, n)
+
+    # ---- work off the event loop
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking request work (tokenizing, templating, schema checks) on the prep threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
+
+    def tokenize(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """Prompt ids, refused early when the text must be over the prompt limit (blocking: offload it)."""
+        return self.budget.tokenize(text, param, add_special_tokens)
+
+    async def _admit(self, request: Request, kws: list[dict]) -> tuple[list[dict], list[Hold]]:
+        """Tokenize text prompts off the loop, check the budget of the whole request (all of `kws`), and
+        take its queue places: one Hold per engine call."""
+        param = "sampling_params.max_new_tokens" if request.url.path == "/generate" else "max_tokens"
+        kws = [await self._with_ids(kw) for kw in kws]
+        prompts: list[list[int]] = []
+        params: list[dict] = []
+        for kw in kws:
+            ids = kw.get("input_ids") or []
+            lists = [ids] if isinstance(ids[0] if ids else None, int) else ids
+            sps = kw.get("sampling_params") or {}
+            sp_list = sps if isinstance(sps, list) else [sps] * len(lists)
+            if len(sp_list) != len(lists) or not all(isinstance(x, dict) for x in sp_list) \
+                    or not all(isinstance(p, list) for p in lists):
+                continue  # malformed: the engine's validation names the problem
+            for p in lists:
+                self.check_context(p, "input_ids")
+            prompts += lists
+            params += sp_list
+        self.budget.check_generation(prompts, params, param)
+        return kws, self.admission.hold_each([_sequences(kw) for kw in kws])
+
+    async def _with_ids(self, kw: dict) -> dict:
+        """`kw` with a text `prompt` replaced by its token ids (tokenized on the prep threads)."""
+        prompt = kw.get("prompt")
+        if prompt is None:
+            return kw
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        ids = await self.offload(self._tokenize_texts, texts)
+        return dict(kw, prompt=None, input_ids=ids[0] if isinstance(prompt, str) else ids)
+
+    def _tokenize_texts(self, texts: list[str]) -> list[list[int]]:
+        for t in texts:
+            if t == "":
+                raise bad_request("prompt is empty: give at least one character of text", "text")
+        return [self.tokenize(t, "text") for t in texts]
 
     # ---- engine calls
-    async def generate(self, request: Request, constraint_param: str | None = None, **kw: Any) -> Any:
+    async def generate(self, request: Request, constraint_param: str | None = None, raise_on_abort: bool = True,
+                       **kw: Any) -> Any:
         """`engine.async_generate(**kw)` (non-streaming), cancelled if the client disconnects;
-        `constraint_param` is the request field a grammar error is blamed on."""
-        out = await until_disconnect(request, engine_call(self.engine.async_generate(**kw), constraint_param))
-        for o in out if isinstance(out, list) else [out]:
-            check_finish(o["meta_info"])
+        `constraint_param` is the request field a grammar error is blamed on. With `raise_on_abort` an
+        aborted result is an error response instead of a result."""
+        (kw,), (hold,) = await self._admit(request, [kw])
+        try:
+            out = await until_disconnect(request, engine_call(self.engine.async_generate(**kw), constraint_param))
+        finally:
+            hold.release()
+        if raise_on_abort:
+            for o in out if isinstance(out, list) else [out]:
+                check_finish(o["meta_info"])
         return out
 
     async def open_streams(self, request: Request, kws: list[dict], constraint_param: str | None = None
                            ) -> list[tuple[dict, AsyncIterator[dict]]]:
         """Start streaming requests (admitted together) and wait for each one's first chunk, so that
         input errors still get a proper status code; returns (first chunk, iterator) pairs."""
-        its = [await engine_call(self.engine.async_generate(stream=True, **kw), constraint_param) for kw in kws]
+        kws, holds = await self._admit(request, kws)
+        its: list[AsyncIterator[dict]] = []
+        try:
+            for kw, hold in zip(kws, holds, strict=True):
+                its.append(HeldStream(await engine_call(self.engine.async_generate(stream=True, **kw),
+                                                        constraint_param), hold))
+        except BaseException:
+            for hold in holds:
+                hold.release()
+            raise
         try:
             firsts = await until_disconnect(request, asyncio.gather(
                 *(engine_call(it.__anext__(), constraint_param) for it in its), return_exceptions=True))
@@ -166,12 +248,25 @@ class ServerState:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
+def _sequences(kw: dict) -> int:
+    """How many sequences one engine call starts (prompts x n)."""
+    ids = kw.get("input_ids") or []
+    prompts = 1 if not ids or isinstance(ids[0], int) else len(ids)
+    sps = kw.get("sampling_params") or {}
+    ns = [sp.get("n", 1) if isinstance(sp, dict) else 1 for sp in (sps if isinstance(sps, list) else [sps] * prompts)]
+    return sum(n if isinstance(n, int) and n > 0 else 1 for n in ns)
+
+
 async def engine_call(aw: Awaitable[T], constraint_param: str | None = None) -> T:
     """Await an engine call, turning its input errors into 400s and a closed engine into 503."""
     try:
         return await aw
     except APIError:
         raise
+    except CompilerBusy as e:
+        raise APIError(503, str(e), "server_error", constraint_param, "grammar_compiler_busy") from None
+    except CompileTimeout as e:
+        raise bad_request(str(e), constraint_param, "grammar_compile_timeout") from None
     except ValueError as e:
         raise error_from_value_error(e, constraint_param) from None
     except RuntimeError as e:
@@ -295,51 +390,27 @@ async def merge_streams(streams: list[tuple[dict, AsyncIterator[dict]]]) -> Asyn
 
 
 def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=getattr(e, "headers", None))
 
 
 # ---------------------------------------------------------------------------------------------- app
 
 
-class _Gate:
-    """Pure-ASGI middleware: bearer-key check and 503 while draining (cheaper than BaseHTTPMiddleware)."""
-
-    def __init__(self, app: Any, state: ServerState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            err = self._check(scope)
-            if err is not None:
-                await error_response(err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _check(self, scope: dict) -> APIError | None:
-        st = self.state
-        if st.draining:
-            return APIError(503, "the server is shutting down", "server_unavailable", None, "shutting_down")
-        if st.api_key and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode()
-            if key != st.api_key:
-                return APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                                "invalid_request_error", None, "invalid_api_key")
-        return None
-
-
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
-    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`."""
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
+               options: ServerOptions | None = None) -> FastAPI:
+    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`, `options` the
+    request limits (ServerOptions' defaults when None)."""
     from radixgen.runtime.server import chat, completions, metrics_text
 
     if model_name is None:
         path = getattr(getattr(engine, "config", None), "model", None)
         model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "smollm2-135m-instruct"
-    state = ServerState(engine, model_name, api_key)
+    state = ServerState(engine, model_name, options)
     app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.route_class = GuardedRoute  # every route checks its body first (body_checks.py)
     app.state.radixgen = state
-    app.add_middleware(_Gate, state=state)
+    app.add_middleware(Gate, state=state, api_key=api_key, public_metrics=state.options.public_metrics)
+    app.add_middleware(HTTPGuard, max_body=state.options.max_request_bytes)  # outermost
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -398,12 +469,14 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> Response:
         texts = [req.text] if isinstance(req.text, str) else req.text
-        ids = [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens) for t in texts]
+        ids = await state.offload(lambda: [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens)
+                                           for t in texts])
         return JSONResponse({"tokens": ids[0] if isinstance(req.text, str) else ids})
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> Response:
-        return JSONResponse({"text": state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)})
+        text = await state.offload(state.tokenizer.decode, req.tokens, req.skip_special_tokens)
+        return JSONResponse({"text": text})
 
     @app.post("/generate")
     async def generate(req: GenerateRequest, request: Request) -> Response:
@@ -411,8 +484,7 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
                   return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
                   top_logprobs_num=req.top_logprobs_num, extra_key=req.extra_key, rid=req.rid)
         if not req.stream:
-            out = await until_disconnect(request, engine_call(engine.async_generate(**kw), "sampling_params"))
-            return JSONResponse(out)
+            return JSONResponse(await state.generate(request, "sampling_params", raise_on_abort=False, **kw))
         streams = await state.open_streams(request, [kw], "sampling_params")
 
         async def events() -> AsyncIterator[bytes]:

@@ -248,11 +248,12 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     state.check_model(req.model)
     mode, names = tool_mode(req)
     messages, tools = build_messages(state, req, mode)
-    ids = state.tokenizer.encode(render(state, messages, tools), add_special_tokens=False)
-    state.check_context(ids)
+    # templating, tokenizing and schema checks run off the event loop (state.offload)
+    ids = await state.offload(lambda: state.tokenize(render(state, messages, tools), "messages",
+                                                     add_special_tokens=False))
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = req.sampling_params(max_tokens, default_max_tokens=state.room(ids))
-    extra, cparam = constraint(req, sp, mode, names)
+    sp = await state.offload(req.sampling_params, max_tokens, state.room(ids, req.n))
+    extra, cparam = await state.offload(constraint, req, sp, mode, names)
     sp.update(extra)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
