@@ -1,6 +1,7 @@
 """The `radixgen` command: `serve` (the HTTP server) and `run` (a Python file with @function programs).
 
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
+                   [every ServerOptions field: request limits, --public-metrics]
     radixgen router --worker-urls URL [URL ...] [--host H] [--port P] [every RouterConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.router.config import RouterConfig
+from radixgen.runtime.server.options import ServerOptions
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -107,12 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=30000, help="port to bind (default: 30000)")
     serve.add_argument("--api-key", default=os.environ.get("RADIXGEN_API_KEY"),
                        help="require 'Authorization: Bearer <key>' on every route but /health "
-                            "(default: $RADIXGEN_API_KEY, else no key)")
+                            "(default: $RADIXGEN_API_KEY, else no key; prefer the variable: flags show in ps)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients pass as `model` (default: derived from --model)")
     serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                        help="log level of the server (default: warning)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
+    add_config_flags(serve, ServerOptions, "server options (ServerOptions fields: request limits, auth)")
     add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
     router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
                             description="A cache-aware router in front of `radixgen serve` replicas (e.g. on "
@@ -148,7 +151,8 @@ def serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     engine = Engine(**engine_kwargs(args))
     try:
-        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name)
+        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
+                         options=ServerOptions(**config_kwargs(args, ServerOptions)))
         state = app.state.radixgen
 
         class Server(uvicorn.Server):
