@@ -37,6 +37,7 @@ ASGI `http.disconnect` message and cancel it, which aborts the request too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -112,6 +113,12 @@ class ServerState:
         return self.budget.default_max_tokens(ids, n)
 
     # ---- work off the event loop
+    def warm_up(self) -> None:
+        """Build what the first request would otherwise build on the event loop: the engine's grammar
+        backend (~1 s) and the token-length bound of the vocabulary (blocking: offload it)."""
+        getattr(self.engine, "grammar_cache", None)
+        self.budget.tokenize("warm", "text")
+
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking request work (tokenizing, templating, schema checks) on the prep threads."""
         return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
@@ -406,7 +413,14 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
         path = getattr(getattr(engine, "config", None), "model", None)
         model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "smollm2-135m-instruct"
     state = ServerState(engine, model_name, options)
-    app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.offload(state.warm_up)  # so that no first request builds these on the event loop
+        yield
+
+    app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     app.router.route_class = GuardedRoute  # every route checks its body first (body_checks.py)
     app.state.radixgen = state
     app.add_middleware(Gate, state=state, api_key=api_key, public_metrics=state.options.public_metrics)
@@ -475,6 +489,10 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> Response:
+        vocab = state.tokenizer.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"tokens holds {bad}, not a token id in [0, {vocab})", "tokens")
         text = await state.offload(state.tokenizer.decode, req.tokens, req.skip_special_tokens)
         return JSONResponse({"text": text})
 
