@@ -2,9 +2,11 @@
 
 - Request id: the client's `X-Request-Id` (if short and plain) or a fresh one; echoed in the
   response headers and in every server log line about the request (`request_id` context variable).
-- Body size: a `Content-Length` over `max_request_bytes` is answered 413 before the body is read; a
+- Body size: a `Content-Length` over `max_request_bytes` is answered 413 without being stored; a
   chunked body is counted as it arrives and reading it raises `BodyTooLarge` past the cap (the
-  route guard turns that into the same 413).
+  route guard turns that into the same 413). The rest of an oversized body is read and dropped
+  first (up to `DRAIN_BYTES`): a server that answers and closes while the client is still sending
+  resets the connection, and the client never sees the 413.
 - Catch-all: an exception no handler answered is logged with the request id and answered with a 500
   in OpenAI's error shape naming that id. If the response had already started (a stream), the body
   is ended cleanly (an SSE stream gets an error event first) instead of leaving the connection hung.
@@ -26,6 +28,18 @@ from radixgen.runtime.server.protocol import APIError
 logger = logging.getLogger("radixgen.server")
 request_id: ContextVar[str] = ContextVar("radixgen_request_id", default="-")
 _PLAIN_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+DRAIN_BYTES = 256 * 1024 * 1024  # past this an oversized body is cut off (the client sees a reset)
+
+
+async def drain(receive: Any, more: bool = True) -> None:
+    """Read and drop the rest of a request body (at most DRAIN_BYTES)."""
+    dropped = 0
+    while more and dropped <= DRAIN_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        dropped += len(message.get("body", b""))
+        more = message.get("more_body", False)
 
 
 class BodyTooLarge(Exception):
@@ -74,6 +88,8 @@ class HTTPGuard:
         if length and (not length.isdigit() or int(length) > self.max_body):
             err = too_large(self.max_body) if length.isdigit() else APIError(
                 400, "Content-Length is not a number", "invalid_request_error", None, "invalid_request")
+            if length.isdigit():
+                await drain(receive)
             await send_error(send, err, [*id_header, (b"connection", b"close")])
             request_id.reset(token)
             return
@@ -88,6 +104,7 @@ class HTTPGuard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
+                    await drain(receive, message.get("more_body", False))
                     raise BodyTooLarge(limit)
             return message
 
