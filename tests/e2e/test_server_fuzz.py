@@ -250,7 +250,7 @@ def request_bodies() -> st.SearchStrategy:
         st.tuples(st.just(COMPLETIONS), openai_body(CompletionRequest))
 
 
-@settings(max_examples=120, deadline=None, derandomize=True,
+@settings(max_examples=80, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(request_bodies())
 def test_random_openai_bodies_never_500_or_hang(srv, baseline, path_body):
