@@ -1,6 +1,7 @@
 """The `radixgen` command: `serve` (the HTTP server) and `run` (a Python file with @function programs).
 
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
+                   [every ServerOptions field: request limits, --public-metrics]
     radixgen router --worker-urls URL [URL ...] [--host H] [--port P] [every RouterConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
     radixgen --version                 (also `python -m radixgen ...`)
@@ -28,8 +29,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from radixgen.runtime.config_flags import add_config_flags, add_engine_flags, engine_kwargs
+from radixgen.runtime.config_flags import add_config_flags, add_engine_flags, config_kwargs, engine_kwargs
 from radixgen.runtime.router.config import RouterConfig
+from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.parsers import REASONING_PARSER_CHOICES, TOOL_PARSER_CHOICES
 
 
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=30000, help="port to bind (default: 30000)")
     serve.add_argument("--api-key", default=os.environ.get("RADIXGEN_API_KEY"),
                        help="require 'Authorization: Bearer <key>' on every route but /health "
-                            "(default: $RADIXGEN_API_KEY, else no key)")
+                            "(default: $RADIXGEN_API_KEY, else no key; prefer the variable: flags show in ps)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients pass as `model` (default: derived from --model)")
     serve.add_argument("--tool-call-parser", default="auto", choices=TOOL_PARSER_CHOICES,
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="accept requests right after loading, without first running one short request "
                             "(the first request then pays for the warm-up, ~1-8 s)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
+    add_config_flags(serve, ServerOptions, "server options (ServerOptions fields: request limits, auth)")
     add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
     router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
                             description="A cache-aware router in front of `radixgen serve` replicas (e.g. on "
@@ -104,6 +107,7 @@ def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"radixgen serve: error: {e}") from None
     try:
         app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
+                         options=ServerOptions(**config_kwargs(args, ServerOptions)),
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         state = app.state.radixgen
         if not args.skip_warmup:

@@ -35,6 +35,10 @@ class EngineConfig:
     """Run the model forward on the scheduler thread instead of overlapping it with CPU work."""
     grammar_backend: Literal["xgrammar", "outlines"] = "xgrammar"
     """Backend compiling JSON schema / regex / EBNF constraints into token masks."""
+    grammar_compile_threads: int = 2
+    """Threads compiling grammars; one client never holds them all (the rest stay for others)."""
+    grammar_compile_timeout: float = 30.0
+    """Seconds a grammar compile may run before its requests fail with a clear error (0: no deadline)."""
     disable_jump_forward: bool = False
     """Sample every token of constrained outputs even where the grammar allows one continuation."""
     sampling_backend: Literal["auto", "torch", "triton"] = "auto"
@@ -88,6 +92,8 @@ class EngineConfig:
             ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
             ("page_size", self.page_size >= 1, ">= 1"),
             ("chunked_prefill_size", self.chunked_prefill_size >= 1, ">= 1"),
+            ("grammar_compile_threads", self.grammar_compile_threads >= 1, ">= 1"),
+            ("grammar_compile_timeout", self.grammar_compile_timeout >= 0, ">= 0"),
             ("dtype", self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
             ("grammar_backend", self.grammar_backend in ("xgrammar", "outlines"), "xgrammar or outlines"),

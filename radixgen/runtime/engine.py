@@ -73,7 +73,10 @@ class Engine:
         """Compiled-grammar cache of the configured backend (built on first use: ~1 s)."""
         if self._grammar_cache is None:
             backend = make_backend(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
-            self._grammar_cache = GrammarCache(backend, on_compiled=self.observer.on_grammar_compiled)
+            cfg = self.config
+            self._grammar_cache = GrammarCache(backend, max_workers=cfg.grammar_compile_threads,
+                                               timeout=cfg.grammar_compile_timeout or None,
+                                               on_compiled=self.observer.on_grammar_compiled)
         return self._grammar_cache
 
     def _constraint(self, params: SamplingParams) -> Future | None:

@@ -114,6 +114,33 @@ def test_api_key_gate(tiny_engine):
     assert call(keyed, "GET", "/health")[0] == 200  # open for load balancers
 
 
+def test_a_bug_is_a_logged_500_naming_the_request_id(tiny_engine, caplog):
+    """No hung connection and no bare 'Internal Server Error' when a handler has a bug: a 500 in OpenAI's
+    shape naming the request id (also logged with the traceback); a stream that breaks ends cleanly with
+    an error event."""
+    from radixgen.runtime.server.app import SSEResponse
+
+    app = create_app(tiny_engine, model_name="tiny")
+
+    @app.get("/bug")
+    async def bug() -> None:
+        raise RuntimeError("a bug in a handler")
+
+    @app.get("/bug-mid-stream")
+    async def bug_mid_stream() -> SSEResponse:
+        async def events():
+            yield b"data: {}\n\n"
+            raise RuntimeError("a bug mid-stream")
+        return SSEResponse(events())
+
+    err = error_of(call(app, "GET", "/bug", headers={"X-Request-Id": "req-42"}), 500)
+    assert "req-42" in err["message"] and err["type"] == "server_error" and err["code"] == "internal_error"
+    assert any("req-42" in r.getMessage() and r.exc_info for r in caplog.records)
+    status, raw = call(app, "GET", "/bug-mid-stream")
+    events, last = sse_events(raw)
+    assert status == 200 and events[0] == {} and json.loads(last)["error"]["code"] == "internal_error"
+
+
 def test_503_when_draining_and_after_engine_shutdown(tiny_models):
     eng = tiny_engine_of(tiny_models)
     try:

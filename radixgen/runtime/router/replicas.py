@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -25,14 +26,16 @@ from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.config_flags import config_kwargs, engine_kwargs
 from radixgen.runtime.distributed.launch import free_port, run_node
 from radixgen.runtime.router.config import RouterConfig
+from radixgen.runtime.server.options import ServerOptions
 
 STARTUP_TIMEOUT_S = 900.0
 
 
-def engine_argv(kwargs: dict[str, Any]) -> list[str]:
-    """The `radixgen serve` flags that give an EngineConfig with these fields (defaults left out)."""
+def engine_argv(kwargs: dict[str, Any], cls: type = EngineConfig) -> list[str]:
+    """The `radixgen serve` flags that give a `cls` (EngineConfig unless told) with these fields (defaults
+    left out)."""
     argv: list[str] = []
-    for f in fields(EngineConfig):
+    for f in fields(cls):
         value = kwargs.get(f.name, f.default)
         default = f.default if f.default is not MISSING else None
         if value == default or value is None:
@@ -68,9 +71,10 @@ def serve_scaled_out(args: argparse.Namespace) -> int:
 
 def start_replicas(args: argparse.Namespace, config: EngineConfig) -> list[tuple[str, subprocess.Popen]]:
     kwargs = dict(engine_kwargs(args), dp_size=1)
-    extra = ["--log-level", args.log_level]
+    extra = ["--log-level", args.log_level, *engine_argv(config_kwargs(args, ServerOptions), ServerOptions)]
+    env = dict(os.environ)
     if args.api_key:
-        extra += ["--api-key", args.api_key]
+        env["RADIXGEN_API_KEY"] = args.api_key  # not --api-key: command lines show in ps
     if args.served_model_name:
         extra += ["--served-model-name", args.served_model_name]
     extra += ["--tool-call-parser", args.tool_call_parser]
@@ -81,7 +85,7 @@ def start_replicas(args: argparse.Namespace, config: EngineConfig) -> list[tuple
         port = free_port()
         cmd = [sys.executable, "-m", "radixgen.runtime.router.replica_process", "--host", "127.0.0.1",
                "--port", str(port), *extra, *engine_argv(kwargs)]
-        out.append((f"http://127.0.0.1:{port}", subprocess.Popen(cmd, stdin=subprocess.DEVNULL)))
+        out.append((f"http://127.0.0.1:{port}", subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=env)))
     return out
 
 

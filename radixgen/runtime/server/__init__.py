@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None, options: Any = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> Any:
+    """See `radixgen.runtime.server.app.create_app`; `options` is a `ServerOptions` (limits)."""
     from radixgen.runtime.server.app import create_app as _create_app
 
-    return _create_app(engine, api_key=api_key, model_name=model_name, tool_call_parser=tool_call_parser,
-                       reasoning_parser=reasoning_parser)
+    return _create_app(engine, api_key=api_key, model_name=model_name, options=options,
+                       tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)
 
 
 __all__ = ["create_app"]

@@ -14,6 +14,16 @@ Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 
 "context_length_exceeded"), 401 for a missing / wrong bearer key when `api_key` is set, 404 for unknown
 models and routes, 503 while shutting down.
 
+Hardening (the request-handling side lives in its own modules, hooked in here):
+- http_guard.py: request ids, the body-size cap (413), a catch-all turning a bug into a logged 500
+  naming the request id; auth.py: the API key (constant-time) and the draining gate;
+- body_checks.py (the route class): UTF-8, JSON, lone surrogates, and limits.py's per-field limits
+  (n, stop, tools, schema size and depth), all before a route runs;
+- budget.py: prompt tokens, max_tokens against the context room, the KV share of one request, and the
+  queue cap (429 + Retry-After), applied to every engine call made through `ServerState`;
+- nothing heavy on the event loop: tokenization, chat templating, constraint checks and large body
+  parsing run on `ServerState.offload`'s threads, so /health and other requests stay responsive.
+
 Disconnects: a streaming response closes the engine's async iterator when the client goes away (the
 iterator's `finally` aborts the request); non-streaming handlers race the engine call against the
 ASGI `http.disconnect` message and cancel it, which aborts the request too.
@@ -22,7 +32,9 @@ ASGI `http.disconnect` message and cancel it, which aborts the request too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +46,10 @@ from radixgen.runtime.observability import exposition
 from radixgen.runtime.observability.observer import served_model_name
 from radixgen.runtime.observability.tracing import TraceContextMiddleware
 from radixgen.runtime.server import chat, completions, native
+from radixgen.runtime.server.auth import Gate
+from radixgen.runtime.server.body_checks import GuardedRoute
+from radixgen.runtime.server.http_guard import HTTPGuard
+from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
     APIError,
@@ -45,57 +61,39 @@ from radixgen.runtime.server.protocol import (
 from radixgen.runtime.server.state import ServerState
 
 logger = logging.getLogger("radixgen.server")
-OPEN_PATHS = frozenset({"/health"})  # reachable without the API key
 
 
 def error_response(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=getattr(e, "headers", None))
 
 
 # ---------------------------------------------------------------------------------------------- app
 
 
-class _Gate:
-    """Pure-ASGI middleware: bearer-key check and 503 while draining (cheaper than BaseHTTPMiddleware)."""
-
-    def __init__(self, app: Any, state: ServerState) -> None:
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            err = self._check(scope)
-            if err is not None:
-                await error_response(err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-    def _check(self, scope: dict) -> APIError | None:
-        st = self.state
-        if st.draining:
-            return APIError(503, "the server is shutting down", "server_unavailable", None, "shutting_down")
-        if st.api_key and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope["headers"])
-            auth = headers.get(b"authorization", b"").decode("latin-1")
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get(b"x-api-key", b"").decode()
-            if key != st.api_key:
-                return APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
-                                "invalid_request_error", None, "invalid_api_key")
-        return None
-
-
 def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
-               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
-    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`; the parsers are
-    the `--tool-call-parser` / `--reasoning-parser` names (parsers/)."""
+               options: ServerOptions | None = None, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
+    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`, `options` the
+    request limits (ServerOptions' defaults when None); the parsers are the `--tool-call-parser` /
+    `--reasoning-parser` names (parsers/)."""
     if model_name is None:
         model_name = served_model_name(getattr(getattr(engine, "config", None), "model", None))
     engine.observer.set_labels(model_name=model_name)
-    state = ServerState(engine, model_name, api_key, tool_format_named(tool_call_parser),
+    state = ServerState(engine, model_name, options, tool_format_named(tool_call_parser),
                         reasoning_format_named(reasoning_parser))
-    app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.offload(state.prepare)  # so that no first request builds these on the event loop
+        yield
+
+    app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.router.route_class = GuardedRoute  # every route checks its body first (body_checks.py)
     app.state.radixgen = state
-    app.add_middleware(_Gate, state=state)
     app.add_middleware(TraceContextMiddleware)  # an HTTP request's traceparent parents its engine spans
+    app.add_middleware(Gate, state=state, api_key=api_key, public_metrics=state.options.public_metrics)
+    app.add_middleware(HTTPGuard, max_body=state.options.max_request_bytes)  # outermost
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:

@@ -150,13 +150,14 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
     state.check_model(req.model)
     tools = tool_setup(state, req)
     messages, tool_specs = build_messages(state, req, tools)
-    prompt = render(state, messages, tool_specs)
-    ids = state.tokenizer.encode(prompt, add_special_tokens=False)
+    # templating, tokenizing and schema checks run off the event loop (state.offload)
+    prompt = await state.offload(render, state, messages, tool_specs)
+    ids = await state.offload(lambda: state.tokenize(prompt, "messages", add_special_tokens=False))
     state.check_context(ids)
     reasoning = (state.reasoning, state.reasoning.phase_of(prompt)) if state.reasoning is not None else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sp = req.sampling_params(max_tokens, default_max_tokens=state.room(ids))
-    extra, cparam = constraint(state, req, sp, tools, reasoning)
+    sp = await state.offload(lambda: req.sampling_params(max_tokens, default_max_tokens=state.room(ids, req.n)))
+    extra, cparam = await state.offload(constraint, state, req, sp, tools, reasoning)
     sp.update(extra)
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")

@@ -35,7 +35,7 @@ def register(app: FastAPI, state: ServerState) -> None:
 
 
 def prompts_of(state: ServerState, prompt: object) -> list[tuple[list[int], str]]:
-    """(token ids, text) per prompt."""
+    """(token ids, text) per prompt, each checked against the prompt limit (blocking: offload it)."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
@@ -47,7 +47,7 @@ def prompts_of(state: ServerState, prompt: object) -> list[tuple[list[int], str]
         if isinstance(p, str):
             if not p:
                 raise bad_request("prompt is empty: give at least one character of text", "prompt")
-            out.append((state.tokenizer.encode(p), p))
+            out.append((state.tokenize(p, "prompt"), p))
         else:
             if not p:
                 raise bad_request("prompt is an empty token list", "prompt")
@@ -55,9 +55,8 @@ def prompts_of(state: ServerState, prompt: object) -> list[tuple[list[int], str]
             bad = [t for t in p if t < 0 or (vocab is not None and t >= vocab)]
             if bad:
                 raise bad_request(f"prompt holds {bad[0]}, not a token id in [0, {vocab})", "prompt")
+            state.check_context(p, "prompt")
             out.append((list(p), state.tokenizer.decode(list(p), skip_special_tokens=False)))
-    for ids, _ in out:
-        state.check_context(ids, "prompt")
     return out
 
 
@@ -150,8 +149,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
         raise bad_request("suffix is not supported", "suffix")
     if req.best_of not in (None, req.n):
         raise bad_request("best_of is not supported (it must equal n)", "best_of")
-    prompts = prompts_of(state, req.prompt)
-    sp = req.sampling_params(req.max_tokens, default_max_tokens=16)
+    prompts = await state.offload(prompts_of, state, req.prompt)  # tokenizing runs off the event loop
+    sp = await state.offload(req.sampling_params, req.max_tokens, 16)
     top_n = req.logprobs or 0
     if not 0 <= top_n <= 20:
         raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}", "logprobs")

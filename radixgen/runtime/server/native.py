@@ -197,7 +197,7 @@ def register(app: FastAPI, state: ServerState) -> None:
             if len(options) > 1 or not _is_single(req) or (sp or {}).get("n", 1) != 1:
                 raise bad_request("stop_regex takes one prompt with n=1", "sampling_params.stop_regex")
         if not req.stream and stop is None:
-            out = await until_disconnect(request, engine_call(engine.async_generate(**kw), "sampling_params"))
+            out = await state.generate(request, "sampling_params", raise_on_abort=False, **kw)
             if isinstance(out, list):
                 fmt = _Format(token_text, req.return_text_in_logprobs, _per_output(options, kw["sampling_params"]))
                 return JSONResponse([fmt.result(o, i) for i, o in enumerate(out)])
@@ -283,9 +283,15 @@ def register(app: FastAPI, state: ServerState) -> None:
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> Response:
         texts = [req.text] if isinstance(req.text, str) else req.text
-        ids = [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens) for t in texts]
+        ids = await state.offload(lambda: [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens)
+                                           for t in texts])
         return JSONResponse({"tokens": ids[0] if isinstance(req.text, str) else ids})
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> Response:
-        return JSONResponse({"text": state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)})
+        vocab = state.tokenizer.vocab_size
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"tokens holds {bad}, not a token id in [0, {vocab})", "tokens")
+        text = await state.offload(state.tokenizer.decode, req.tokens, req.skip_special_tokens)
+        return JSONResponse({"text": text})

@@ -1,36 +1,51 @@
-"""What every HTTP handler shares: `ServerState` (the engine, the served name, the key, the draining
-flag, token text for logprobs) and the engine-call helpers that turn engine errors into OpenAI errors
-and cancel work when the client disconnects.
+"""What every HTTP handler shares: `ServerState` (the engine, the served name, the limits, the
+draining flag, work off the event loop, token text for logprobs) and the engine-call helpers that
+turn engine errors into OpenAI errors and cancel work when the client disconnects.
+
+Every engine call goes through `ServerState.generate` / `open_streams`, which first tokenize text
+prompts on the prep threads, check the whole request against the token budget (budget.py: prompt
+tokens, max_tokens against the context room, one request's KV share) and take its places in the
+queue cap (429 + Retry-After when full).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
 
 from radixgen.common.byte_vocab import gpt2_byte_decoder
+from radixgen.grammar.compiler_cache import CompilerBusy, CompileTimeout
+from radixgen.runtime.server.budget import Admission, HeldStream, Hold, TokenBudget
+from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.parsers import ReasoningFormat, ToolCallFormat
 from radixgen.runtime.server.protocol import APIError, bad_request, error_from_value_error
 
 T = TypeVar("T")
+PREP_THREADS = 4  # threads tokenizing, templating and checking requests off the event loop
 
 
 class ServerState:
-    """What every handler shares: the engine, the served name, the key, the draining flag, and the
-    output parsers' formats (`--tool-call-parser`, `--reasoning-parser`)."""
+    """What every handler shares: the engine, the served name, the limits (`options`), the draining
+    flag, and the output parsers' formats (`--tool-call-parser`, `--reasoning-parser`)."""
 
-    def __init__(self, engine: Any, model_name: str, api_key: str | None, tool_format: ToolCallFormat | None = None,
-                 reasoning: ReasoningFormat | None = None) -> None:
+    def __init__(self, engine: Any, model_name: str, options: ServerOptions | None = None,
+                 tool_format: ToolCallFormat | None = None, reasoning: ReasoningFormat | None = None) -> None:
         self.engine = engine
         self.tool_format = tool_format  # None: the chat template's own
         self.reasoning = reasoning
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
-        self.api_key = api_key
+        self.options = options = options or ServerOptions()
         self.draining = False
+        cfg = getattr(engine, "config", None)
+        self.budget = TokenBudget(engine.tokenizer, engine.context_length,
+                                  getattr(cfg, "max_total_tokens", 1 << 62), options)
+        self.admission = Admission(getattr(cfg, "max_running_requests", 256) + options.max_queued_requests)
+        self._prep = ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="radixgen-prep")
         self._pieces: dict[int, tuple[str, list[int]]] = {}
         self._byte_decoder: dict[str, int] | None = None
         self._special: set[int] = set()
@@ -50,28 +65,96 @@ class ServerState:
         return names
 
     def check_context(self, ids: list[int], param: str = "messages") -> None:
-        limit = self.engine.context_length
-        if len(ids) >= limit:
-            raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has "
-                              f"{len(ids)} tokens; shorten the prompt", param, "context_length_exceeded")
+        self.budget.check_prompt(ids, param)
 
-    def room(self, ids: list[int]) -> int:
-        return max(self.engine.context_length - len(ids), 0)
+    def room(self, ids: list[int], n: int = 1) -> int:
+        """The default max_tokens: the context room, within one request's KV share (split over n)."""
+        return self.budget.default_max_tokens(ids, n)
+
+    # ---- work off the event loop
+    def prepare(self) -> None:
+        """Build what the first request would otherwise build on the event loop: the engine's grammar
+        backend (~1 s) and the token-length bound of the vocabulary (blocking: offload it)."""
+        getattr(self.engine, "grammar_cache", None)
+        self.budget.tokenize("warm", "text")
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking request work (tokenizing, templating, schema checks) on the prep threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._prep, fn, *args)
+
+    def tokenize(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """Prompt ids, refused early when the text must be over the prompt limit (blocking: offload it)."""
+        return self.budget.tokenize(text, param, add_special_tokens)
+
+    async def _admit(self, request: Request, kws: list[dict]) -> tuple[list[dict], list[Hold]]:
+        """Tokenize text prompts off the loop, check the budget of the whole request (all of `kws`), and
+        take its queue places: one Hold per engine call."""
+        param = "sampling_params.max_new_tokens" if request.url.path == "/generate" else "max_tokens"
+        kws = [await self._with_ids(kw) for kw in kws]
+        prompts: list[list[int]] = []
+        params: list[dict] = []
+        for kw in kws:
+            ids = kw.get("input_ids") or []
+            lists = [ids] if isinstance(ids[0] if ids else None, int) else ids
+            sps = kw.get("sampling_params") or {}
+            sp_list = sps if isinstance(sps, list) else [sps] * len(lists)
+            if len(sp_list) != len(lists) or not all(isinstance(x, dict) for x in sp_list) \
+                    or not all(isinstance(p, list) for p in lists):
+                continue  # malformed: the engine's validation names the problem
+            for p in lists:
+                self.check_context(p, "input_ids")
+            prompts += lists
+            params += sp_list
+        self.budget.check_generation(prompts, params, param)
+        return kws, self.admission.hold_each([_sequences(kw) for kw in kws])
+
+    async def _with_ids(self, kw: dict) -> dict:
+        """`kw` with a text `prompt` replaced by its token ids (tokenized on the prep threads)."""
+        prompt = kw.get("prompt")
+        if prompt is None:
+            return kw
+        texts = [prompt] if isinstance(prompt, str) else prompt
+        ids = await self.offload(self._tokenize_texts, texts)
+        return dict(kw, prompt=None, input_ids=ids[0] if isinstance(prompt, str) else ids)
+
+    def _tokenize_texts(self, texts: list[str]) -> list[list[int]]:
+        for t in texts:
+            if t == "":
+                raise bad_request("prompt is empty: give at least one character of text", "text")
+        return [self.tokenize(t, "text") for t in texts]
 
     # ---- engine calls
-    async def generate(self, request: Request, constraint_param: str | None = None, **kw: Any) -> Any:
+    async def generate(self, request: Request, constraint_param: str | None = None, raise_on_abort: bool = True,
+                       **kw: Any) -> Any:
         """`engine.async_generate(**kw)` (non-streaming), cancelled if the client disconnects;
-        `constraint_param` is the request field a grammar error is blamed on."""
-        out = await until_disconnect(request, engine_call(self.engine.async_generate(**kw), constraint_param))
-        for o in out if isinstance(out, list) else [out]:
-            check_finish(o["meta_info"])
+        `constraint_param` is the request field a grammar error is blamed on. With `raise_on_abort` an
+        aborted result is an error response instead of a result."""
+        (kw,), (hold,) = await self._admit(request, [kw])
+        try:
+            out = await until_disconnect(request, engine_call(self.engine.async_generate(**kw), constraint_param))
+        finally:
+            hold.release()
+        if raise_on_abort:
+            for o in out if isinstance(out, list) else [out]:
+                check_finish(o["meta_info"])
         return out
 
     async def open_streams(self, request: Request, kws: list[dict], constraint_param: str | None = None
                            ) -> list[tuple[dict, AsyncIterator[dict]]]:
         """Start streaming requests (admitted together) and wait for each one's first chunk, so that
         input errors still get a proper status code; returns (first chunk, iterator) pairs."""
-        its = [await engine_call(self.engine.async_generate(stream=True, **kw), constraint_param) for kw in kws]
+        kws, holds = await self._admit(request, kws)
+        its: list[AsyncIterator[dict]] = []
+        try:
+            for kw, hold in zip(kws, holds, strict=True):
+                its.append(HeldStream(await engine_call(self.engine.async_generate(stream=True, **kw),
+                                                        constraint_param), hold))
+        except BaseException:
+            for hold in holds[len(its):]:
+                hold.release()
+            for it in its:
+                await it.aclose()
+            raise
         try:
             firsts = await until_disconnect(request, asyncio.gather(
                 *(engine_call(it.__anext__(), constraint_param) for it in its), return_exceptions=True))
@@ -128,12 +211,26 @@ class ServerState:
         return self._template_uses_tools
 
 
+def _sequences(kw: dict) -> int:
+    """How many sequences one engine call starts (prompts x n)."""
+    ids = kw.get("input_ids") or []
+    prompts = 1 if not ids or isinstance(ids[0], int) else len(ids)
+    sps = kw.get("sampling_params") or {}
+    ns = [sp.get("n", 1) if isinstance(sp, dict) else 1 for sp in (sps if isinstance(sps, list) else [sps] * prompts)]
+    return sum(n if isinstance(n, int) and n > 0 else 1 for n in ns)
+
+
 async def engine_call(aw: Awaitable[T], constraint_param: str | None = None) -> T:
-    """Await an engine call, turning its input errors into 400s and a closed engine into 503."""
+    """Await an engine call, turning its input errors into 400s, a busy or slow grammar compiler into
+    503 / 400, and a closed engine into 503."""
     try:
         return await aw
     except APIError:
         raise
+    except CompilerBusy as e:
+        raise APIError(503, str(e), "server_error", constraint_param, "grammar_compiler_busy") from None
+    except CompileTimeout as e:
+        raise bad_request(str(e), constraint_param, "grammar_compile_timeout") from None
     except ValueError as e:
         raise error_from_value_error(e, constraint_param) from None
     except RuntimeError as e:

@@ -1,0 +1,71 @@
+"""Give memory back to the OS after a large request.
+
+glibc's malloc keeps freed heap memory mapped for reuse, so the buffers of one huge request (its
+body, the parsed JSON, the tokenizer's work) stay in the process's RSS after they are freed.
+`malloc_trim(0)` returns the free pages; it is a glibc function, called through ctypes, and a no-op
+elsewhere (musl, macOS). `MemoryTrimmer` runs it on a thread after requests whose body passed a
+threshold, at most once per interval.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import threading
+import time
+
+logger = logging.getLogger("radixgen.server")
+LARGE_BODY_BYTES = 1 << 20  # requests with a body at least this large trigger a trim afterwards
+
+
+def _libc_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Return free heap pages to the OS (glibc `malloc_trim(0)`); False where unavailable."""
+    if _MALLOC_TRIM is None:
+        return False
+    _MALLOC_TRIM(0)
+    return True
+
+
+class MemoryTrimmer:
+    """Trims the heap on a short-lived thread after large requests, at most once per `interval` s."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._pending = False
+        self.trims = 0
+
+    def after_request(self, body_bytes: int) -> None:
+        """Call when a request is done; trims soon if its body was large."""
+        if body_bytes < LARGE_BODY_BYTES or _MALLOC_TRIM is None:
+            return
+        with self._lock:
+            if self._pending:
+                return
+            self._pending = True
+        threading.Thread(target=self._run, name="radixgen-trim", daemon=True).start()
+
+    def _run(self) -> None:
+        wait = self._last + self.interval - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        with self._lock:
+            self._pending = False
+            self._last = time.monotonic()
+        release_free_memory()
+        self.trims += 1
