@@ -118,7 +118,7 @@ def test_a_bug_is_a_logged_500_naming_the_request_id(tiny_engine, caplog):
     """No hung connection and no bare 'Internal Server Error' when a handler has a bug: a 500 in OpenAI's
     shape naming the request id (also logged with the traceback); a stream that breaks ends cleanly with
     an error event."""
-    from radixgen.runtime.server.app import SSEResponse
+    from radixgen.runtime.server.streams import SSEResponse
 
     app = create_app(tiny_engine, model_name="tiny")
 

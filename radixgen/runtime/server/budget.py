@@ -96,8 +96,10 @@ class TokenBudget:
 
     def check_generation(self, prompts: list[list[int]], params: list[dict], param: str) -> None:
         """Check each prompt's max_new_tokens against the context room (with --allow-auto-truncate the
-        engine cuts it instead), and the whole request against its KV share."""
+        engine cuts it instead), and the whole request against its KV share. A prompt repeated for the
+        choices of n > 1 counts once: the choices share its KV through the radix cache."""
         kv = 0
+        seen: set[tuple[int, ...]] = set()
         for ids, sp in zip(prompts, params, strict=True):
             want = sp.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
             n = sp.get("n", 1)
@@ -110,7 +112,9 @@ class TokenBudget:
                     f"requested {len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the "
                     f"completion). Reduce the prompt or {param} (or start the server with "
                     f"{_flag('allow_auto_truncate')})", param, "context_length_exceeded")
-            kv += len(ids) + max(n, 1) * max(min(want, room), 0)
+            key = tuple(ids)
+            kv += (0 if key in seen else len(ids)) + max(n, 1) * max(min(want, room), 0)
+            seen.add(key)
         if kv > self.kv_limit:
             share = self.opts.max_request_kv_fraction
             raise bad_request(f"This request may need {kv} tokens of KV cache (prompt tokens + n x {param}); this "
