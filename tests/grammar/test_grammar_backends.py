@@ -120,5 +120,5 @@ def test_outlines_transitions_from_accepting_states(outlines_backend, tok):
 def test_outlines_rejects_unsupported_kinds(outlines_backend):
     for spec in (ebnf_spec('root ::= "a"'), structural_tag_spec({"structures": [
             {"begin": "<a>", "schema": WEATHER, "end": "</a>"}], "triggers": ["<a"]})):
-        with pytest.raises(GrammarError, match="outlines backend supports"):
+        with pytest.raises(GrammarError, match="outlines backend does not support"):
             outlines_backend.compile(spec)
