@@ -89,6 +89,8 @@ class Grammar(ABC):
     """
 
     stop_token_ids: tuple[int, ...] = ()
+    backend_name: str = ""  # the backend that compiled this grammar (set by the router)
+    warnings: tuple[str, ...] = ()  # schema keywords it does not enforce (non-strict mode)
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -117,6 +119,18 @@ class Grammar(ABC):
     @abstractmethod
     def copy(self) -> Grammar:
         """An independent matcher at the same state (for n > 1 and fork)."""
+
+    def set_budget(self, remaining: int) -> None:
+        """Told before a mask fill how many tokens the request may still emit. Plain matchers ignore
+        it; `budget.BudgetAwareGrammar` closes the output in time."""
+
+    def meta(self) -> dict[str, Any]:
+        """What the response metadata reports about this constraint: the backend that compiled it and
+        one warning per schema keyword it does not enforce."""
+        m: dict[str, Any] = {"grammar_backend": self.backend_name}
+        if self.warnings:
+            m["grammar_warnings"] = list(self.warnings)
+        return m
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept all of `token_ids` or none of them (rolls back on the first rejection)."""

@@ -167,6 +167,7 @@ class LLGuidanceGrammar(Grammar):
     def copy(self) -> LLGuidanceGrammar:
         twin = LLGuidanceGrammar(self._m.deep_copy(), self.stop_token_ids, self.vocab_size)
         twin._accepted, twin._done = self._accepted, self._done
+        twin.backend_name, twin.warnings = self.backend_name, self.warnings
         return twin
 
 

@@ -213,6 +213,7 @@ class OutlinesGrammar(Grammar):
         twin._done = self._done
         for tid in self._tokens:
             twin._guide.advance(tid, False)
+        twin.backend_name, twin.warnings = self.backend_name, self.warnings
         return twin
 
 

@@ -61,6 +61,7 @@ class GrammarRouter(GrammarBackend):
         self.order = tuple(order)
         self._kwargs = backend_kwargs
         self._backends: dict[str, GrammarBackend] = {}
+        self._completer: Any = None  # budget.ShortestCompletion, built for the first budget-aware request
         self._lock = threading.Lock()
 
     @property
@@ -119,5 +120,16 @@ class GrammarRouter(GrammarBackend):
                 first_error = first_error or e
         raise first_error
 
-    def matcher(self, compiled: CompiledGrammar) -> Grammar:
-        return self.backend(compiled.backend).matcher(compiled)
+    def matcher(self, compiled: CompiledGrammar, *, budget_aware: bool = False) -> Grammar:
+        """A per-request matcher from the backend that compiled it, labelled with that backend and the
+        compile's warnings; `budget_aware` wraps it to close the output within max_new_tokens."""
+        g = self.backend(compiled.backend).matcher(compiled)
+        g.backend_name, g.warnings = compiled.backend, compiled.warnings
+        if not budget_aware:
+            return g
+        from radixgen.grammar.budget import BudgetAwareGrammar, ShortestCompletion
+
+        with self._lock:
+            if self._completer is None:
+                self._completer = ShortestCompletion(self.tokenizer, self.vocab_size)
+        return BudgetAwareGrammar(g, self._completer)

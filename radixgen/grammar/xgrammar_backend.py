@@ -184,4 +184,5 @@ class XGrammarGrammar(Grammar):
     def copy(self) -> XGrammarGrammar:
         twin = XGrammarGrammar(self._m.fork(), self.stop_token_ids, self.vocab_size)
         twin._accepted, twin._done = self._accepted, self._done
+        twin.backend_name, twin.warnings = self.backend_name, self.warnings
         return twin
