@@ -133,6 +133,10 @@ class Req:
             "finish_reason": self.finished.to_dict() if self.finished else None,
             "e2e_latency": time.perf_counter() - self.created,
         }
+        if self.grammar is not None:
+            m.update(self.grammar.meta())  # grammar_backend, grammar_warnings
+            if m["finish_reason"] is not None and getattr(self.grammar, "forced", False):
+                m["finish_reason"]["forced"] = True  # budget-aware mode closed the output early
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_logprobs
             m["output_token_logprobs"] = self.output_logprobs
