@@ -120,7 +120,7 @@ class Grammar(ABC):
     def copy(self) -> Grammar:
         """An independent matcher at the same state (for n > 1 and fork)."""
 
-    def set_budget(self, remaining: int) -> None:
+    def set_budget(self, remaining: int) -> None:  # noqa: B027 - a hook plain matchers ignore
         """Told before a mask fill how many tokens the request may still emit. Plain matchers ignore
         it; `budget.BudgetAwareGrammar` closes the output in time."""
 

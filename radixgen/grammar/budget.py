@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from radixgen.grammar.base import Grammar, allocate_bitmask, set_token_bit, stop_only_row
+from radixgen.grammar.base import Grammar, GrammarError, allocate_bitmask, set_token_bit, stop_only_row
 from radixgen.grammar.vocab import cached_token_bytes, single_byte_tokens
 
 DEFAULT_MARGIN = 4  # tokens of slack for what one token of the window may add to the completion
@@ -42,7 +42,7 @@ DEFAULT_WINDOW = 24  # tokens before engaging in which no new structure may be o
 MAX_COMPLETION_BYTES = 512
 _OPENERS = frozenset(b',{["\\')
 _LETTERS_DIGITS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
-_IN_STRING = b'"' + _LETTERS_DIGITS + bytes(range(ord("A"), ord("Z") + 1)) + b" -_.@:/"
+_IN_STRING = b'"@:/-_. ' + _LETTERS_DIGITS + bytes(range(ord("A"), ord("Z") + 1))
 _OUTSIDE = b"}],0123456789\"ntf[{-" + bytes(range(ord("a"), ord("z") + 1)) + b".:"
 
 
@@ -145,8 +145,9 @@ class ShortestCompletion:
 class BudgetAwareGrammar(Grammar):
     """A matcher that closes its output within the remaining budget (see the module docstring)."""
 
-    def __init__(self, inner: Grammar, completer: ShortestCompletion, margin: int = DEFAULT_MARGIN,
-                 window: int = DEFAULT_WINDOW) -> None:
+    def __init__(self, inner: Grammar, completer: ShortestCompletion, max_new_tokens: int | None = None,
+                 margin: int = DEFAULT_MARGIN, window: int = DEFAULT_WINDOW) -> None:
+        """With `max_new_tokens`, raise GrammarError if the shortest output found does not fit it."""
         self.inner = inner
         self.completer = completer
         self.margin = margin
@@ -157,6 +158,20 @@ class BudgetAwareGrammar(Grammar):
         self.overshoot = False  # the completion needed more tokens than were left
         self._out: list[bytes] = []  # bytes of each accepted token
         self._plan: list[int] | None = None  # completion tokens, valid for the current state
+        if max_new_tokens is not None:
+            need = self.needed()
+            if need is None or need > max_new_tokens:
+                found = "no completion was found" if need is None else \
+                    f"the shortest output found takes {need} tokens (a stop token included)"
+                raise GrammarError(f"budget_aware: {found}, which does not fit max_new_tokens={max_new_tokens}; "
+                                   "raise max_new_tokens or turn budget_aware off")
+
+    def needed(self) -> int | None:
+        """Tokens the completion found from here takes, a stop token included (None: none found)."""
+        if self._plan is None:
+            data = self.completer.completion(self.inner, b"".join(self._out))
+            self._plan = None if data is None else self.completer.tokens(self.inner, data)
+        return None if self._plan is None else len(self._plan) + 1
 
     def set_budget(self, remaining: int) -> None:
         self.remaining = remaining
@@ -165,13 +180,10 @@ class BudgetAwareGrammar(Grammar):
         self.inner.fill_bitmask(bitmask, row)
         if self.remaining is None or self.inner.is_terminated():
             return
-        if self._plan is None:
-            data = self.completer.completion(self.inner, b"".join(self._out))
-            self._plan = None if data is None else self.completer.tokens(self.inner, data)
-        plan = self._plan
-        if plan is None:
+        need = self.needed()
+        if need is None:
             return
-        need = len(plan) + 1  # the completion and a stop token
+        plan = self._plan
         self.overshoot |= need > self.remaining
         if self.remaining > need + self.margin + self.window:
             return
@@ -212,7 +224,7 @@ class BudgetAwareGrammar(Grammar):
         return self.inner.jump_forward()
 
     def copy(self) -> BudgetAwareGrammar:
-        twin = BudgetAwareGrammar(self.inner.copy(), self.completer, self.margin, self.window)
+        twin = BudgetAwareGrammar(self.inner.copy(), self.completer, margin=self.margin, window=self.window)
         twin.remaining, twin.forced, twin.overshoot = self.remaining, self.forced, self.overshoot
         twin._out = list(self._out)
         return twin

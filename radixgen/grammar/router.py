@@ -120,16 +120,17 @@ class GrammarRouter(GrammarBackend):
                 first_error = first_error or e
         raise first_error
 
-    def matcher(self, compiled: CompiledGrammar, *, budget_aware: bool = False) -> Grammar:
+    def matcher(self, compiled: CompiledGrammar, *, budget: int | None = None) -> Grammar:
         """A per-request matcher from the backend that compiled it, labelled with that backend and the
-        compile's warnings; `budget_aware` wraps it to close the output within max_new_tokens."""
+        compile's warnings. With `budget` (the request's max_new_tokens, budget-aware mode) it is
+        wrapped to close the output within it; GrammarError if no output fits that budget."""
         g = self.backend(compiled.backend).matcher(compiled)
         g.backend_name, g.warnings = compiled.backend, compiled.warnings
-        if not budget_aware:
+        if budget is None:
             return g
         from radixgen.grammar.budget import BudgetAwareGrammar, ShortestCompletion
 
         with self._lock:
             if self._completer is None:
                 self._completer = ShortestCompletion(self.tokenizer, self.vocab_size)
-        return BudgetAwareGrammar(g, self._completer)
+        return BudgetAwareGrammar(g, self._completer, budget)
