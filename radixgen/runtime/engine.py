@@ -67,7 +67,8 @@ class Engine:
         """Give each constrained request its own matcher (raises GrammarError for a bad constraint)."""
         for req, fut in zip(reqs, futures, strict=True):
             if fut is not None:
-                req.grammar = self.grammar_cache.backend.matcher(fut.result(), budget_aware=req.params.budget_aware)
+                budget = req.params.max_new_tokens if req.params.budget_aware else None
+                req.grammar = self.grammar_cache.backend.matcher(fut.result(), budget=budget)
 
     # ------------------------------------------------------------------ request building
 
