@@ -8,11 +8,12 @@ their next states. Everything per token runs in outlines-core's Rust code:
   (`Guide.write_mask_into`), as outlines' own torch kernel does.
 - Termination: outlines-core 0.2.14 drops token transitions that leave an accepting DFA state for
   a non-accepting one (the bare regex `(0|[1-9][0-9]*)(\\.[0-9]+)?` rejects "10.5" after "10"), so
-  the index is built for `(?:regex)` followed by a sentinel character (U+10FFFF), and the sentinel
-  is the text of the stop tokens: "the output may end here" is "a stop token is allowed", and the
-  native mask carries the EOS bits with no fix-up. outlines' own EOS is a fake id past the logits.
-  Real tokens holding byte 0xF4 (only in code points from U+100000) are left out, so that no real
-  token can spell the sentinel.
+  the index is built for `(?:regex)` followed by a sentinel character (NUL), and the sentinel is
+  the text of the stop tokens: "the output may end here" is "a stop token leads to the final
+  state", and the native mask carries the EOS bits. JSON cannot hold a raw NUL (strings exclude
+  control characters), so for JSON the bits need no fix-up; a user regex whose `.` or negated class
+  can read NUL as content gets its stop bits cleared in such states (`may_end`, cached per state).
+  outlines' own EOS is a fake id past the logits; real tokens holding a NUL byte are left out.
 - Jump-forward: the forced string of an index state is the longest common prefix of its allowed
   tokens' bytes, followed through the state reached by a token spelling exactly that prefix;
   computed on first visit of a state and cached in the compiled grammar (no character automaton is
@@ -43,12 +44,13 @@ from radixgen.grammar.base import (
     GrammarBackend,
     GrammarError,
     bitmask_width,
+    set_token_bit,
     stop_only_row,
 )
 from radixgen.grammar.narrow import narrow
 from radixgen.grammar.vocab import cached_token_bytes, utf8_prefix
 
-SENTINEL = "\U0010ffff"
+SENTINEL = "\x00"  # ends every indexed regex; JSON can hold no raw NUL, in strings or out
 FLEXIBLE_WHITESPACE = r"[ \t\n\r]*"
 MAX_JUMP_BYTES = 4096  # a forced run longer than this is cut (it is found again next step)
 MAX_ROLLBACK = 64  # states a Guide keeps; deeper rollbacks replay the token history
@@ -62,6 +64,7 @@ class OutlinesCompiled:
     regex: str
     index: outlines_core.Index
     jumps: dict[int, bytes] = field(default_factory=dict, repr=False)
+    ends: dict[int, bool | None] = field(default_factory=dict, repr=False)  # state -> may the output end?
 
 
 class OutlinesBackend(GrammarBackend):
@@ -77,7 +80,7 @@ class OutlinesBackend(GrammarBackend):
         self.token_bytes = cached_token_bytes(tokenizer.hf, self.vocab_size)
         groups: dict[bytes, list[int]] = {}
         for idx, data in enumerate(self.token_bytes):
-            if data and b"\xf4" not in data:
+            if data and SENTINEL.encode() not in data:
                 groups.setdefault(data, []).append(idx)
         groups[SENTINEL.encode("utf-8")] = list(self.stop_token_ids)
         self.vocabulary = outlines_core.Vocabulary(self.vocab_size, groups)  # EOS: a fake id past the logits
@@ -109,6 +112,15 @@ class OutlinesBackend(GrammarBackend):
     def matcher(self, compiled: CompiledGrammar) -> OutlinesGrammar:
         return OutlinesGrammar(self, compiled.handle)
 
+    def may_end(self, compiled: OutlinesCompiled, state: int) -> bool | None:
+        """Whether the output may end at index `state`: True (the sentinel leads to the final state),
+        False (the regex can read the sentinel character as content, e.g. `.*`, but not end here:
+        the stop bits of the native mask must be cleared), None (the sentinel cannot follow). Cached."""
+        if state not in compiled.ends:
+            nxt = compiled.index.get_next_state(state, self.stop_token_ids[0])
+            compiled.ends[state] = None if nxt is None else compiled.index.is_final_state(nxt)
+        return compiled.ends[state]
+
     def forced_bytes(self, compiled: OutlinesCompiled, state: int) -> bytes:
         """The bytes every continuation from index `state` starts with (b"" when the output may end
         there or two allowed tokens differ at once). Cached per state."""
@@ -116,11 +128,11 @@ class OutlinesBackend(GrammarBackend):
         if cached is not None:
             return cached
         start, out, seen = state, b"", set()
-        index, stops = compiled.index, self.stop_token_ids
+        index, stops = compiled.index, set(self.stop_token_ids)
         while state is not None and state not in seen and len(out) < MAX_JUMP_BYTES:
             seen.add(state)
             ids = index.get_allowed_tokens(state)
-            if any(index.get_next_state(state, s) is not None for s in stops):
+            if any(i in stops for i in ids):  # the output may end here (or stop bytes are content)
                 break
             prefix = self._common_prefix(ids)
             if not prefix:
@@ -168,7 +180,11 @@ class OutlinesGrammar(Grammar):
     def accept_token(self, token_id: int) -> bool:
         if self._done or not 0 <= token_id < self.vocab_size:
             return False
-        if self._compiled.index.get_next_state(self._guide.get_state(), token_id) is None:
+        state = self._guide.get_state()
+        if token_id in self.stop_token_ids:
+            if not self._backend.may_end(self._compiled, state):
+                return False
+        elif self._compiled.index.get_next_state(state, token_id) is None:
             return False
         self._guide.advance(token_id, False)
         self._tokens.append(token_id)
@@ -180,10 +196,12 @@ class OutlinesGrammar(Grammar):
             stop_only_row(bitmask, row, self.stop_token_ids)
             return
         self._guide.write_mask_into(bitmask.data_ptr() + 4 * row * self._row_words, self._row_words, 4)
+        if self._backend.may_end(self._compiled, self._guide.get_state()) is False:
+            for tid in self.stop_token_ids:
+                set_token_bit(bitmask[row], tid, False)
 
     def can_terminate(self) -> bool:
-        state = self._guide.get_state()
-        return not self._done and self._compiled.index.get_next_state(state, self.stop_token_ids[0]) is not None
+        return not self._done and bool(self._backend.may_end(self._compiled, self._guide.get_state()))
 
     def is_terminated(self) -> bool:
         return self._done
