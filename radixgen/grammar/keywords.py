@@ -183,8 +183,37 @@ def _xgrammar_safe_pattern(use: KeywordUse) -> bool:
     return True
 
 
+_PUNCT_ESCAPES = frozenset("^$.|?*+()[]{}-/#&~!%,:;<=>@_'`")
+
+
+def _json_safe_pattern(use: KeywordUse) -> bool:
+    """A pattern that can only match characters JSON strings hold unescaped: outlines-core pastes
+    the pattern between the quotes as is, so a `.`, a negated class or `\\s` could emit a raw `"`,
+    backslash or control character (`"a"b"` for `^a.*$`). Allowed: literals other than `"` and
+    backslash, positive classes, `\\d`, `\\w` and escaped punctuation."""
+    pattern, in_class, i = use.value, False, 0
+    if not isinstance(pattern, str):
+        return False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1 : i + 2]
+            if not (nxt in ("d", "w") or nxt in _PUNCT_ESCAPES):
+                return False
+            i += 2
+            continue
+        if c == '"' or ord(c) < 0x20 or (c == "." and not in_class) or (c == "[" and pattern[i + 1 : i + 2] == "^"):
+            return False
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class:
+            in_class = False
+        i += 1
+    return True
+
+
 def _required_listed(use: KeywordUse) -> bool:
-    """XGrammar enforces `required` only for names its `properties` lists (and escape-free)."""
+    """XGrammar and outlines-core enforce `required` only for names `properties` lists (escape-free)."""
     props = use.holder.get("properties")
     return _plain_names(use.value) and isinstance(props, dict) and set(use.value) <= set(props)
 
@@ -225,6 +254,6 @@ COVERAGE: dict[str, Coverage] = {
         enforced=_CORE,
         typed=frozenset({"minLength", "maxLength", "pattern", "format", "minItems", "maxItems"}),
         formats=_LOWERED_FORMATS,
-        only_if={"$ref": _plain_ref},
+        only_if={"$ref": _plain_ref, "required": _required_listed, "pattern": _json_safe_pattern},
     ),
 }
