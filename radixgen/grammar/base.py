@@ -212,8 +212,8 @@ def set_token_bit(row: torch.Tensor, token_id: int, allowed: bool) -> None:
 
 def allowed_token_ids(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The token ids whose bits are set in a bitmask row (int64 `[n]`, sorted)."""
+    import numpy as np
     import torch
 
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (row.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [W, 32]
-    return bits.reshape(-1)[:vocab_size].nonzero().squeeze(-1)
+    bits = np.unpackbits(row.to(torch.int32).numpy().view(np.uint8), bitorder="little")[:vocab_size]  # [V]
+    return torch.from_numpy(bits.nonzero()[0].astype(np.int64))
