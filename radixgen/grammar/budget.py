@@ -43,7 +43,7 @@ MAX_COMPLETION_BYTES = 512
 _OPENERS = frozenset(b',{["\\')
 _LETTERS_DIGITS = bytes(range(ord("a"), ord("z") + 1)) + bytes(range(ord("0"), ord("9") + 1))
 _IN_STRING = b'"@:/-_. ' + _LETTERS_DIGITS + bytes(range(ord("A"), ord("Z") + 1))
-_OUTSIDE = b"}],0123456789\"ntf[{-" + bytes(range(ord("a"), ord("z") + 1)) + b".:"
+_OUTSIDE = b"}],1234567890\"ntf[{-" + bytes(range(ord("a"), ord("z") + 1)) + b".:"  # "-1" beats "-0.001"
 
 
 def _in_json_string(data: bytes) -> bool:
@@ -96,6 +96,7 @@ class ShortestCompletion:
         None if none was found within `MAX_COMPLETION_BYTES`."""
         g = grammar.copy()
         out = bytearray()
+        run = bytearray()  # bytes picked since the last forced string (loop avoidance counts these)
         while not g.can_terminate():
             if len(out) > MAX_COMPLETION_BYTES:
                 return None
@@ -103,20 +104,22 @@ class ShortestCompletion:
             data = forced.encode("utf-8") if forced else b""
             if data and g.accept_tokens([self.byte_token[b] for b in data]):
                 out += data
+                run.clear()
                 continue
-            nxt = self._next_byte(g, out, _in_json_string(output + out))
+            nxt = self._next_byte(g, run, _in_json_string(output + out))
             if nxt is None:
                 return None
             out.append(nxt)
+            run.append(nxt)
         return bytes(out)
 
-    def _next_byte(self, g: Grammar, so_far: bytearray, in_string: bool) -> int | None:
+    def _next_byte(self, g: Grammar, run: bytearray, in_string: bool) -> int | None:
         """Accept into `g` and return the first byte in preferred order that it takes, trying bytes
-        used fewer than 4 times first. Trying one token is far cheaper than a mask fill."""
+        picked fewer than 4 times in this run first. Trying one token is far cheaper than a mask fill."""
         order = self._orders[in_string]
         for fresh_only in (True, False):
             for b in order:
-                if fresh_only and so_far.count(b) >= 4:
+                if fresh_only and run.count(b) >= 4:
                     continue
                 if g.accept_token(self.byte_token[b]):
                     return b

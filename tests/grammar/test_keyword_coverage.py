@@ -29,7 +29,7 @@ PROBES = [  # (schema, valid instances, invalid instances)
     ({"type": "integer", "exclusiveMaximum": 10}, ["9"], ["10", "11"]),
     ({"type": "integer", "multipleOf": 3}, ["9", "0"], ["7", "10"]),
     ({"type": "string", "minLength": 2}, ['"ab"'], ['"a"', '""']),
-    ({"type": "string", "maxLength": 2}, ['"ab"'], ['"abc"']),
+    ({"type": "string", "maxLength": 2}, ['"ab"'], ['"abc"', '"\x05"']),  # a raw control character is not JSON
     ({"type": "string", "pattern": "^[a-c]+$"}, ['"abc"'], ['"abd"', '""']),
     ({"type": "string", "pattern": "^(?:xy[0-9]+)?$"}, ['"xy1"', '""'], ['"1"', '"y1"']),
     ({"type": "string", "pattern": "^a.*$"}, ['"ab"', '"a\\"b"'], ['"a"b"', '"b"']),  # `"a"b"` is not JSON
@@ -106,6 +106,7 @@ def test_claimed_keywords_are_enforced(name, router, tok, capsys):
     ("xgrammar", {"type": "object", "required": ["a"]}, "{}"),  # required names missing from properties
     ("xgrammar", {"type": "array", "items": INT, "uniqueItems": True}, "[1,1]"),
     ("outlines", {"type": "string", "pattern": "^a.*$"}, '"a"b"'),  # the pattern pasted between quotes
+    ("xgrammar", {"type": "string", "maxLength": 5}, '"a\x05"'),  # bounded strings take control characters
 ])
 def test_unclaimed_keywords_are_really_not_enforced(name, schema, invalid, router, tok):
     """Pinned library gaps behind the tables; a failure here means the library got better."""
