@@ -10,8 +10,9 @@ construction needs (`keywords.py` lists what it enforces).
   as vocabulary size and the engine's EOS ids; special tokens are never allowed inside output.
 - JSON schemas go through `narrow.py` first (our format regexes; objects closed to their listed
   properties unless `extra_properties`).
-- A compile validates the grammar and builds one template `LLMatcher`; each request gets a
-  `deep_copy()` of it (~1 us), so the lexer and grammar are built once per spec.
+- A compile builds one template `LLMatcher` (which validates the grammar; an error leaves it in an
+  error state, reported as a GrammarError); each request gets a `deep_copy()` of it (~1 us), so the
+  lexer and grammar are built once per spec.
 - Stop tokens are handled here, not by llguidance: accepting one when the output is complete
   terminates the grammar; llguidance never sees it (it does not count EOS in its rollback).
 - `fill_bitmask` writes straight into the batch bitmask row (`unsafe_compute_mask_ptr`, GIL
@@ -103,10 +104,7 @@ class LLGuidanceBackend(GrammarBackend):
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         t0 = time.perf_counter()
         text = self.grammar_text(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
-        if is_error:
-            raise GrammarError(f"invalid {KIND_LABELS[spec.kind]} constraint: {_first_line(messages[0])}")
-        template = llguidance.LLMatcher(self.tokenizer, text, log_level=0)
+        template = llguidance.LLMatcher(self.tokenizer, text, log_level=0)  # validates; errors stay inside
         if template.is_error():
             raise GrammarError(f"invalid {KIND_LABELS[spec.kind]} constraint: {_first_line(template.get_error())}")
         return CompiledGrammar(spec, self.name, template, time.perf_counter() - t0)
