@@ -32,7 +32,7 @@ PROBES = [  # (schema, valid instances, invalid instances)
     ({"type": "string", "maxLength": 2}, ['"ab"'], ['"abc"', '"\x05"']),  # a raw control character is not JSON
     ({"type": "string", "pattern": "^[a-c]+$"}, ['"abc"'], ['"abd"', '""']),
     ({"type": "string", "pattern": "^(?:xy[0-9]+)?$"}, ['"xy1"', '""'], ['"1"', '"y1"']),
-    ({"type": "string", "pattern": "^a.*$"}, ['"ab"', '"a\\"b"'], ['"a"b"', '"b"']),  # `"a"b"` is not JSON
+    ({"type": "string", "pattern": "^a.*$"}, ['"ab"', '"a\\"b"'], ['"a"b"', '"a\x05"', '"b"']),  # not JSON
     ({"type": "string", "pattern": "^[^x]*$"}, ['"ab"'], ['"a"b"', '"x"']),
     ({"type": "array", "items": INT, "minItems": 2}, ["[1,2]"], ["[1]", "[]"]),
     ({"type": "array", "items": INT, "maxItems": 1}, ["[1]"], ["[1,2]"]),
@@ -85,6 +85,9 @@ def test_claimed_keywords_are_enforced(name, router, tok, capsys):
         spec = json_schema_spec(schema)
         claimed = not COVERAGE[name].unenforced(json.loads(spec.spec))
         try:
+            if name == "outlines" and not claimed and len(backend.to_regex(spec)) > 3000:
+                rows.append(f"not claimed: {json.dumps(schema)}: not run (an unconstrained object: a slow index)")
+                continue
             compiled = backend.compile(spec)
         except GrammarError as e:
             rows.append(f"{'CLAIMED ' if claimed else ''}{json.dumps(schema)}: does not compile ({str(e)[:60]})")
@@ -105,7 +108,7 @@ def test_claimed_keywords_are_enforced(name, router, tok, capsys):
     ("xgrammar", {"type": "string", "pattern": "^(?:xy[0-9]+)?$"}, '"1"'),  # optional group holding +
     ("xgrammar", {"type": "object", "required": ["a"]}, "{}"),  # required names missing from properties
     ("xgrammar", {"type": "array", "items": INT, "uniqueItems": True}, "[1,1]"),
-    ("outlines", {"type": "string", "pattern": "^a.*$"}, '"a"b"'),  # the pattern pasted between quotes
+    ("outlines", {"type": "string", "pattern": "^a.*$"}, '"a\x05"'),  # pasted between the quotes: raw control
     ("xgrammar", {"type": "string", "maxLength": 5}, '"a\x05"'),  # bounded strings take control characters
 ])
 def test_unclaimed_keywords_are_really_not_enforced(name, schema, invalid, router, tok):
