@@ -246,7 +246,7 @@ def bench_backend(name: str, schemas: list, tok: Any, timeout: float) -> dict:
         for who, (status, _) in results.items():
             over[who] += status == "timeout"
         if results["ours"][0] == "timeout" and results["raw"][0] == "ok":
-            slow_only_ours.append(label)
+            slow_only_ours.append(f"{label} (raw {results['raw'][1]:.1f} s)")
         if results["ours"][0] != "ok" or results["raw"][0] != "ok":
             continue
         compiled_both += 1
