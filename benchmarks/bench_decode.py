@@ -19,7 +19,19 @@ import json
 import statistics
 import time
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of ours then HF; ratios use the means")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+import torch  # noqa: E402
 
 
 def prompt_ids(tok, n: int, salt: int = 0) -> list[int]:
@@ -71,11 +83,7 @@ def ours_bench(dtype: str, tok, new_tokens: int, batch: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of ours then HF; ratios use the means")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     import transformers
 
     from radixgen.runtime.models.resolve import default_model_path

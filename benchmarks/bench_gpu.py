@@ -29,7 +29,32 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--intermediate", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--kv-tokens", type=int, default=400_000, help="KV pool capacity in tokens")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prefill-n", type=int, default=8)
+    ap.add_argument("--prefill-len", type=int, default=2048)
+    ap.add_argument("--shared-n", type=int, default=64)
+    ap.add_argument("--shared-prefix", type=int, default=4096)
+    ap.add_argument("--peak-gb-s", type=float, default=None, help="device peak bandwidth (default: by name)")
+    ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke run of this script")
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+import torch  # noqa: E402
 
 PEAK_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "L40S": 864.0}  # HBM/GDDR peak, GB/s
 
@@ -203,7 +228,7 @@ def kernel_accuracy(args: argparse.Namespace) -> dict:
     """Triton vs torch-path max abs difference on mixed extend/decode batches, on this device."""
     from radixgen.runtime.executor.forward_batch import make_forward_batch
     from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
-    from radixgen.runtime.layers.attention import AttentionMetadata, attention
+    from radixgen.runtime.layers.attention.torch_backend import AttentionMetadata, attention
 
     dev, hd = args.device, args.hidden // args.heads
     res: dict = {}
@@ -235,24 +260,7 @@ def kernel_accuracy(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--intermediate", type=int, default=8192)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--heads", type=int, default=32)
-    ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=128256)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--kv-tokens", type=int, default=400_000, help="KV pool capacity in tokens")
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--prefill-n", type=int, default=8)
-    ap.add_argument("--prefill-len", type=int, default=2048)
-    ap.add_argument("--shared-n", type=int, default=64)
-    ap.add_argument("--shared-prefix", type=int, default=4096)
-    ap.add_argument("--peak-gb-s", type=float, default=None, help="device peak bandwidth (default: by name)")
-    ap.add_argument("--tiny", action="store_true", help="small shapes: a smoke run of this script")
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     if args.tiny:
         args.hidden, args.intermediate, args.layers, args.heads, args.kv_heads, args.vocab = 128, 256, 2, 4, 2, 1024
         args.kv_tokens, args.new_tokens, args.prefill_n, args.prefill_len = 8192, 8, 2, 128

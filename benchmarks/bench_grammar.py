@@ -14,7 +14,19 @@ import argparse
 import json
 import time
 
-from radixgen.runtime.engine import Engine
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+
+from radixgen.runtime.engine import Engine  # noqa: E402
 
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 LONG_KEYS = {
@@ -45,10 +57,7 @@ def run(engine: Engine, prompts: list[str], params: list[dict]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     b, n = args.batch, args.new_tokens
     prompts = [CHAT.format(f"Write story number {i}.") for i in range(b)]
     results = {}

@@ -277,12 +277,16 @@ def bench_backend(name: str, schemas: list, tok: Any, timeout: float) -> dict:
     return row
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backends", default="llguidance,xgrammar,outlines")
     ap.add_argument("--timeout", type=float, default=10.0, help="seconds per outlines-core compile")
     ap.add_argument("--max-schemas", type=int, default=None)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     from radixgen.runtime.tokenizer import load_tokenizer

@@ -43,7 +43,30 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes: prefix 300, 8 requests, 16 new tokens")
+    ap.add_argument("--prefix-tokens", type=int, help="shared few-shot prefix length (default 1000)")
+    ap.add_argument("--question-tokens", type=int, help="own tokens per request (default 50)")
+    ap.add_argument("--requests", type=int, help="requests in the shared-prefix case (default 64)")
+    ap.add_argument("--new-tokens", type=int, help="new tokens per request, shared-prefix case (default 16)")
+    ap.add_argument("--noreuse-requests", type=int, help="prompts in the no-reuse case (default 64)")
+    ap.add_argument("--noreuse-prompt-tokens", type=int, help="tokens per no-reuse prompt (default 256)")
+    ap.add_argument("--peer-requests", type=int, help="requests in the peer case (default 16)")
+    ap.add_argument("--peer-new-tokens", type=int, help="new tokens per request, peer case (default 64)")
+    ap.add_argument("--peer-rounds", type=int, default=2,
+                    help="peer case: rounds of ours then HF with the copied prefix (default 2); ratios use the means")
+    ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers runs (the slow part)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads for both engines and HF (default: torch's choice)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -255,22 +278,7 @@ def hf_copied_prefix(model: Any, prompts: list[list[int]], shared: int, new_toke
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes: prefix 300, 8 requests, 16 new tokens")
-    ap.add_argument("--prefix-tokens", type=int, help="shared few-shot prefix length (default 1000)")
-    ap.add_argument("--question-tokens", type=int, help="own tokens per request (default 50)")
-    ap.add_argument("--requests", type=int, help="requests in the shared-prefix case (default 64)")
-    ap.add_argument("--new-tokens", type=int, help="new tokens per request, shared-prefix case (default 16)")
-    ap.add_argument("--noreuse-requests", type=int, help="prompts in the no-reuse case (default 64)")
-    ap.add_argument("--noreuse-prompt-tokens", type=int, help="tokens per no-reuse prompt (default 256)")
-    ap.add_argument("--peer-requests", type=int, help="requests in the peer case (default 16)")
-    ap.add_argument("--peer-new-tokens", type=int, help="new tokens per request, peer case (default 64)")
-    ap.add_argument("--peer-rounds", type=int, default=2,
-                    help="peer case: rounds of ours then HF with the copied prefix (default 2); ratios use the means")
-    ap.add_argument("--skip-hf", action="store_true", help="skip the HF transformers runs (the slow part)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads for both engines and HF (default: torch's choice)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = build_parser().parse_args()
     quick = args.quick
     prefix_n = args.prefix_tokens or (300 if quick else 1000)
     q_n = args.question_tokens or 50

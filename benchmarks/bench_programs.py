@@ -40,6 +40,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small batches (32 / 4 / 4 / 8 programs)")
+    ap.add_argument("--mmlu-programs", type=int, help="MMLU-style programs, cache on (default 128; quick 32)")
+    ap.add_argument("--off-programs", type=int, help="MMLU-style programs, cache off (default 16; quick 4)")
+    ap.add_argument("--tot-programs", type=int, help="tree-of-thought programs (default 16; quick 4)")
+    ap.add_argument("--choice-programs", type=int, help="programs in select vs gens (default 32; quick 8)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import radixgen as sgl  # noqa: E402
@@ -245,15 +261,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small batches (32 / 4 / 4 / 8 programs)")
-    ap.add_argument("--mmlu-programs", type=int, help="MMLU-style programs, cache on (default 128; quick 32)")
-    ap.add_argument("--off-programs", type=int, help="MMLU-style programs, cache off (default 16; quick 4)")
-    ap.add_argument("--tot-programs", type=int, help="tree-of-thought programs (default 16; quick 4)")
-    ap.add_argument("--choice-programs", type=int, help="programs in select vs gens (default 32; quick 8)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = build_parser().parse_args()
 
     n_mmlu = args.mmlu_programs or (32 if args.quick else 128)
     n_off = min(args.off_programs or (4 if args.quick else 16), n_mmlu)

@@ -9,6 +9,7 @@ and the GPU figure is reported as pending.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
@@ -17,7 +18,15 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,6 +58,7 @@ def time_ms(fn, device: torch.device, budget_s: float, max_iters: int = 50) -> t
 
 
 def main() -> None:
+    build_parser().parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     triton_sample = None
     if device.type == "cuda":

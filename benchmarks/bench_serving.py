@@ -47,7 +47,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes (40 mixed; 24 shared-prefix, 300-token prefixes)")
+    ap.add_argument("--requests", type=int, help="mixed-workload requests (default 200; quick 40)")
+    ap.add_argument("--rate", type=float, default=4.0, help="mixed-workload arrival rate, req/s (default 4)")
+    ap.add_argument("--prefix-requests", type=int, help="shared-prefix requests, <= 128 (default 64; quick 24)")
+    ap.add_argument("--prefix-groups", type=int, default=8, help="shared-prefix groups (default 8)")
+    ap.add_argument("--prefix-tokens", type=int, help="tokens of each group's prefix (default 600; quick 300)")
+    ap.add_argument("--prefix-rate", type=float, default=20.0,
+                    help="shared-prefix arrival rate, req/s (default 20: above capacity)")
+    ap.add_argument("--prefix-max-total-tokens", type=int,
+                    help="KV pool of the shared-prefix engines (default 4.25 x --prefix-tokens: 2550)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--skip-overlap", action="store_true", help="skip the overlap on/off workload")
+    ap.add_argument("--skip-prefix", action="store_true", help="skip the lpm/fcfs workload")
+    ap.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+if __name__ == "__main__":
+    build_parser().parse_args()  # --help and bad flags answer before torch is imported
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -230,21 +253,7 @@ def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes (40 mixed; 24 shared-prefix, 300-token prefixes)")
-    ap.add_argument("--requests", type=int, help="mixed-workload requests (default 200; quick 40)")
-    ap.add_argument("--rate", type=float, default=4.0, help="mixed-workload arrival rate, req/s (default 4)")
-    ap.add_argument("--prefix-requests", type=int, help="shared-prefix requests, <= 128 (default 64; quick 24)")
-    ap.add_argument("--prefix-groups", type=int, default=8, help="shared-prefix groups (default 8)")
-    ap.add_argument("--prefix-tokens", type=int, help="tokens of each group's prefix (default 600; quick 300)")
-    ap.add_argument("--prefix-rate", type=float, default=20.0,
-                    help="shared-prefix arrival rate, req/s (default 20: above capacity)")
-    ap.add_argument("--prefix-max-total-tokens", type=int,
-                    help="KV pool of the shared-prefix engines (default 4.25 x --prefix-tokens: 2550)")
-    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--skip-overlap", action="store_true", help="skip the overlap on/off workload")
-    ap.add_argument("--skip-prefix", action="store_true", help="skip the lpm/fcfs workload")
-    ap.add_argument("--seed", type=int, default=0)
+    ap = build_parser()
     args = ap.parse_args()
 
     n_mixed = args.requests or (40 if args.quick else 200)

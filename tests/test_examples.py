@@ -21,7 +21,8 @@ import radixgen as sgl
 pytestmark = pytest.mark.slow
 
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
-SKIP = {"openai_client.py"}  # needs a running server; covered by its own test
+SKIP = {"openai_client.py",  # needs a running server; covered by its own test
+        "tour.py"}  # the README's tour, a plain script: tests/e2e/test_readme.py runs it
 EXAMPLES = sorted(p.name for p in EXAMPLES_DIR.glob("*.py") if p.name not in SKIP)
 MAX_TOKENS = 12
 

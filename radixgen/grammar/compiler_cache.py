@@ -15,7 +15,9 @@ never blocks the scheduling loop: the request waits (not scheduled) until its Fu
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from radixgen.grammar.base import CompiledGrammar, ConstraintSpec, GrammarBackend, GrammarError
@@ -24,8 +26,10 @@ from radixgen.grammar.base import CompiledGrammar, ConstraintSpec, GrammarBacken
 class GrammarCache:
     """Asynchronous, deduplicating, LRU-bounded cache of compiled grammars for one backend."""
 
-    def __init__(self, backend: GrammarBackend, max_workers: int = 1, max_entries: int = 1024) -> None:
+    def __init__(self, backend: GrammarBackend, max_workers: int = 1, max_entries: int = 1024,
+                 on_compiled: Callable[[float], None] | None = None) -> None:
         self.backend = backend
+        self.on_compiled = on_compiled  # told each compile's duration in seconds (metrics)
         self.max_entries = max_entries
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grammar-compile")
         self._lock = threading.Lock()
@@ -59,6 +63,7 @@ class GrammarCache:
         return self.get_or_compile(spec).result(timeout)
 
     def _compile(self, spec: ConstraintSpec, fut: Future[CompiledGrammar]) -> None:
+        start = time.perf_counter()
         try:
             result = self.backend.compile(spec)
         except BaseException as e:
@@ -72,6 +77,9 @@ class GrammarCache:
                     del self._entries[spec]
             fut.set_exception(err)
             return
+        finally:
+            if self.on_compiled is not None:
+                self.on_compiled(time.perf_counter() - start)
         fut.set_result(result)
 
     def _evict_locked(self) -> None:

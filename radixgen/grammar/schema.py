@@ -223,7 +223,9 @@ def structural_tag_spec(tag: dict | str) -> ConstraintSpec:
         tag = {"structures": structures, "triggers": triggers}
     else:
         tag = {k: v for k, v in tag.items() if k in ("type", "format")}
-    return ConstraintSpec("structural_tag", json.dumps(tag, sort_keys=True, separators=(",", ":")))
+    # keys keep their order: sorting them would reorder the `properties` of the JSON schemas inside,
+    # and with them the order the engine emits the keys in
+    return ConstraintSpec("structural_tag", json.dumps(tag, separators=(",", ":")))
 
 
 def response_format_spec(response_format: Any, *, any_whitespace: bool = False) -> ConstraintSpec | None:

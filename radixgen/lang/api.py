@@ -9,17 +9,18 @@ import functools
 import inspect
 import json
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from radixgen.grammar.schema import DTYPE_REGEX
 from radixgen.lang import ir
-from radixgen.lang.backends.base import get_default_backend, resolve_backend, set_default_backend
+from radixgen.lang.backends.default import get_default_backend, resolve_backend, set_default_backend
 from radixgen.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import ProgramState, run_program, run_program_batch
 from radixgen.lang.tracer import TraceResult, extract_prefix, trace_program
 
@@ -27,28 +28,18 @@ __all__ = [
     "Function", "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "token_length_normalized", "greedy_token_selection",
-    "unconditional_likelihood_normalized", "dtype_regex",
+    "unconditional_likelihood_normalized", "dtype_regex", "flush_cache", "get_server_info", "image", "video",
 ]
 
-# dtype -> regex; the same as radixgen.grammar.schema.DTYPE_REGEX (used when that package, which
-# imports torch, is not loaded): int without leading zeros (<= 18 digits), Python bool, JSON string.
-_DTYPE_REGEX = {
-    int: r"-?(0|[1-9][0-9]{0,17})",
-    float: r"-?(0|[1-9][0-9]{0,17})(\.[0-9]{1,17})?([eE][-+]?[0-9]{1,3})?",
-    bool: r"(True|False)",
-    str: r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"',
-}
 _DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
 
 
 def dtype_regex(dtype: Any) -> str:
     """The regex a `gen(dtype=...)` is constrained to: int, float, bool or str (a quoted string)."""
     dtype = _DTYPE_NAMES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in _DTYPE_REGEX:
+    if dtype not in DTYPE_REGEX:
         raise ValueError(f"dtype must be int, float, bool or str, got {dtype!r}")
-    schema = sys.modules.get("radixgen.grammar.schema")
-    table = getattr(schema, "DTYPE_REGEX", None) or _DTYPE_REGEX
-    return table.get(dtype, _DTYPE_REGEX[dtype])
+    return DTYPE_REGEX[dtype]
 
 
 def _json_schema_str(schema: Any) -> str:
@@ -68,32 +59,36 @@ def _json_schema_str(schema: Any) -> str:
 
 
 def gen(
-    name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
+    name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None, n: int | None = None,
     stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] | None = None,
-    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-    min_p: float | None = None, frequency_penalty: float | None = None, presence_penalty: float | None = None,
-    ignore_eos: bool | None = None, return_logprob: bool | None = None, top_logprobs_num: int | None = None,
-    n: int | None = None, regex: str | None = None, json_schema: Any = None,
-    choices: Sequence[str] | None = None, dtype: Any = None, choices_method: Any = None,
+    stop_regex: str | Sequence[str] | None = None, temperature: float | None = None, top_p: float | None = None,
+    top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+    presence_penalty: float | None = None, ignore_eos: bool | None = None, return_logprob: bool | None = None,
+    logprob_start_len: int | None = None, top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None, dtype: Any = None, choices: Sequence[str] | None = None,
+    choices_method: Any = None, regex: str | None = None, json_schema: Any = None,
     token_healing: bool | None = None,
 ) -> ir.Expr:
-    """Generate text into variable `name`; with `choices` it is a `select`."""
+    """Generate text into variable `name`; with `choices` it is a `select`. SGLang's parameters, in
+    SGLang's order; `stop_regex` ends the text after the first match of a pattern."""
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
     if sum(x is not None for x in (regex, json_schema, dtype)) > 1:
         raise ValueError("give at most one of regex, json_schema and dtype")
-    if regex is not None:
-        try:
-            re.compile(regex)
-        except re.error as e:
-            raise ValueError(f"invalid regex {regex!r}: {e}") from None
+    for pattern in [regex] + ([stop_regex] if isinstance(stop_regex, str) else list(stop_regex or [])):
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"invalid regex {pattern!r}: {e}") from None
     if dtype is not None:
         regex = dtype_regex(dtype)
     params = ir.SamplingParams.make(
         max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
-        temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-        top_logprobs_num=top_logprobs_num, n=n, regex=regex,
+        stop_regex=stop_regex, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
+        return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_text_in_logprobs=return_text_in_logprobs, n=n, regex=regex,
         json_schema=None if json_schema is None else _json_schema_str(json_schema), token_healing=token_healing)
     return ir.Gen(name, params)
 
@@ -152,15 +147,23 @@ def assistant_end() -> ir.Expr:
     return ir.RoleEnd("assistant")
 
 
-def _run_defaults(max_new_tokens: int, min_new_tokens: int | None, n: int, stop: Any, stop_token_ids: Any,
-                  temperature: float, top_p: float, top_k: int, min_p: float, frequency_penalty: float,
-                  presence_penalty: float, ignore_eos: bool, return_logprob: bool,
-                  top_logprobs_num: int | None) -> ir.SamplingParams:
-    return ir.SamplingParams.defaults().override(ir.SamplingParams.make(
-        max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, n=n, stop=stop,
-        stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
-        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num))
+# `run(...)` / `run_batch(...)` sampling defaults (SGLang's names and values); a gen's own arguments win.
+RUN_DEFAULTS: dict[str, Any] = dict(
+    max_new_tokens=128, min_new_tokens=None, n=1, stop=None, stop_token_ids=None, stop_regex=None,
+    temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, frequency_penalty=0.0, presence_penalty=0.0,
+    ignore_eos=False, return_logprob=False, logprob_start_len=None, top_logprobs_num=None,
+    return_text_in_logprobs=None,
+)
+
+
+def _run_defaults(sampling: dict[str, Any]) -> ir.SamplingParams:
+    return ir.SamplingParams.defaults().override(ir.SamplingParams.make(**{**RUN_DEFAULTS, **sampling}))
+
+
+def _split_run_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(sampling defaults, program arguments) of `run(**kwargs)`."""
+    sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_DEFAULTS}
+    return sampling, kwargs
 
 
 class Function:
@@ -181,42 +184,46 @@ class Function:
             raise TypeError(f"{self.func.__name__}() has no argument(s) {sorted(unknown)}")
         return Function(self.func, {**self.bind_arguments, **kwargs})
 
-    def run(self, *args: Any, max_new_tokens: int = 128, min_new_tokens: int | None = None, n: int = 1,
-            stop: Any = None, stop_token_ids: Any = None, temperature: float = 1.0, top_p: float = 1.0,
-            top_k: int = -1, min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-            ignore_eos: bool = False, return_logprob: bool = False, top_logprobs_num: int | None = None,
-            stream: bool = False, backend: Any = None, **kwargs: Any) -> ProgramState:
-        """Run once; returns the ProgramState (at once when stream=True)."""
-        defaults = _run_defaults(max_new_tokens, min_new_tokens, n, stop, stop_token_ids, temperature, top_p,
-                                 top_k, min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                                 top_logprobs_num)
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, use_thread: bool = True,
+            **kwargs: Any) -> ProgramState:
+        """Run once; returns the ProgramState (at once when stream=True).
+
+        Keyword arguments named in RUN_DEFAULTS (max_new_tokens, temperature, stop, ...) are the
+        default sampling settings of every gen; the others are the program's own arguments.
+        `use_thread` is SGLang's switch between an executor thread and the caller's thread; programs
+        here always run on their executor thread, which gives the same result, so both values are accepted.
+        """
+        if not isinstance(use_thread, bool):
+            raise TypeError(f"use_thread must be a bool, got {use_thread!r}")
+        sampling, kwargs = _split_run_kwargs(dict(kwargs))
+        defaults = _run_defaults(sampling)
         kwargs = {**self.bind_arguments, **kwargs}
         return run_program(self.func, resolve_backend(backend), args, kwargs, defaults, stream)
 
-    def run_batch(self, batch_kwargs: Sequence[dict | Sequence], *, max_new_tokens: int = 128,
-                  min_new_tokens: int | None = None, n: int = 1, stop: Any = None, stop_token_ids: Any = None,
-                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, min_p: float = 0.0,
-                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, ignore_eos: bool = False,
-                  return_logprob: bool = False, top_logprobs_num: int | None = None, backend: Any = None,
-                  num_threads: int | str = "auto", progress_bar: bool = False) -> list[ProgramState]:
+    def run_batch(self, batch_kwargs: Sequence[dict | Sequence], *, backend: Any = None,
+                  num_threads: int | str = "auto", progress_bar: bool = False, generator_style: bool = False,
+                  **sampling: Any) -> list[ProgramState] | Iterator[ProgramState]:
         """Run once per item (a dict of keyword or a tuple of positional arguments); input order kept.
+        `generator_style=True` returns an iterator yielding the states in input order as they finish.
 
-        The constant prefix found by tracing is prefilled once first, so every program reuses it."""
+        The constant prefix found by tracing is prefilled once first (global_config's
+        `enable_precache_with_tracing`), so every program reuses it."""
         if not isinstance(batch_kwargs, (list, tuple)):
             raise TypeError("run_batch takes a list of dicts (keyword arguments) or tuples (positional)")
-        defaults = _run_defaults(max_new_tokens, min_new_tokens, n, stop, stop_token_ids, temperature, top_p,
-                                 top_k, min_p, frequency_penalty, presence_penalty, ignore_eos, return_logprob,
-                                 top_logprobs_num)
+        unknown = sorted(set(sampling) - set(RUN_DEFAULTS))
+        if unknown:
+            raise TypeError(f"run_batch() got unknown argument(s) {unknown}; sampling settings: {sorted(RUN_DEFAULTS)}")
+        defaults = _run_defaults(sampling)
         be = resolve_backend(backend)
         batch = [{**self.bind_arguments, **a} if isinstance(a, dict) else a for a in batch_kwargs]
         prefix = None
-        if len(batch) > 1:
+        if len(batch) > 1 and global_config.enable_precache_with_tracing:
             try:
                 template = be.get_chat_template()
             except Exception:
                 template = None
             prefix = extract_prefix(self.func, self.bind_arguments, template)
-        return run_program_batch(self.func, be, batch, defaults, num_threads, progress_bar, prefix)
+        return run_program_batch(self.func, be, batch, defaults, num_threads, progress_bar, prefix, generator_style)
 
     def trace(self, *args: Any, backend: Any = None, **kwargs: Any) -> TraceResult:
         """Run the body with placeholders for the arguments not given; returns the recorded nodes and
@@ -230,7 +237,38 @@ class Function:
 
 
 def function(func: Callable | None = None, num_api_spec_tokens: int | None = None) -> Any:
-    """Decorator making a program: `@function` or `@function()`."""
+    """Decorator making a program: `@function` or `@function()`.
+
+    `num_api_spec_tokens` (SGLang's speculative execution for API-only models, which generates
+    ahead and slices later gens out of one call) is refused with a clear error: radixgen's backends
+    serve each gen from the prefix cache instead, and a silently ignored setting would change the
+    number and cost of API calls a program expects."""
+    if num_api_spec_tokens is not None:
+        raise ValueError(
+            f"@function(num_api_spec_tokens={num_api_spec_tokens!r}): speculative API calls are not "
+            f"supported by radixgen; remove the argument (each gen is one call, and its prompt is served "
+            f"from the prefix cache on sgl.Engine and sgl.RuntimeEndpoint)")
     if func is None:
         return lambda f: Function(f)
     return Function(func)
+
+
+def flush_cache(backend: Any = None) -> None:
+    """Empty the prefix cache of `backend` (default: the default backend)."""
+    resolve_backend(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict:
+    """The configuration and live state of `backend`'s engine (default: the default backend)."""
+    return resolve_backend(backend).get_server_info()
+
+
+def image(expr: Any) -> ir.Expr:
+    """SGLang's image input: refused, radixgen serves text-only models."""
+    raise NotImplementedError("sgl.image: radixgen serves text-only models (Llama / SmolLM / Qwen); "
+                              "images are not supported")
+
+
+def video(path: str, num_frames: int) -> ir.Expr:
+    """SGLang's video input: refused, radixgen serves text-only models."""
+    raise NotImplementedError("sgl.video: radixgen serves text-only models; videos are not supported")

@@ -5,6 +5,10 @@ ahead of the model until it reads a variable (`s["x"]` waits for it). That is wh
 `forks += lambda i: gen(...)` put all branches in flight at once and `run(stream=True)` return
 immediately. Follows the design of SGLang's `StreamExecutor` (sglang/lang/interpreter.py).
 
+Once the body has returned and the queue is drained, the executor thread exits; what is submitted
+to the finished state afterwards (`state.fork(3)` after `run()`, a join's gather, `s += ...`) runs at
+once on the caller's thread, so such calls never wait on a thread that is gone.
+
 Errors: an exception in a model call, or in the body (after what the body submitted before it has
 run), is recorded on the state (`state.error()`); the executor then skips the rest of the program,
 wakes every waiter, and `s["x"]` of a variable that never got a value raises `ProgramError` instead
@@ -25,6 +29,7 @@ from typing import Any
 from radixgen.lang import ir
 from radixgen.lang.backends.base import Backend, ChatTemplate, Context
 from radixgen.lang.choices import token_length_normalized
+from radixgen.lang.global_config import global_config
 
 logger = logging.getLogger("radixgen.lang")
 
@@ -74,6 +79,7 @@ class StreamExecutor:
         self.meta_info: dict[str, dict] = {}
         self.var_events: dict[str, threading.Event] = {}
         self.partial: dict[str, str] = {}  # streaming values in progress
+        self.partial_meta: dict[str, dict] = {}  # meta info of the latest chunk of a streaming value
         self.set_vars: list[str] = []  # names set by this executor (gathered at join)
         self.messages_: list[dict] = []
         self.role: str | None = None
@@ -89,6 +95,7 @@ class StreamExecutor:
         self.auto_names = 0
         self._template: ChatTemplate | None = None
         self.queue: queue.Queue = queue.Queue()
+        self.inline_lock = threading.Lock()  # serializes what runs on callers' threads once finished
         self.body_done = threading.Event()
         self.body_thread: int | None = None
         self.thread = threading.Thread(target=self._worker, name=f"radixgen-program-{self.id}", daemon=True)
@@ -118,15 +125,41 @@ class StreamExecutor:
                     self.var_events[e.name] = threading.Event()
                 elif isinstance(e, ir.VarScopeEnd):
                     self.var_events[e.name] = threading.Event()
-            for e in leaves:
-                self.queue.put(e)
+            ended = self.body_done.is_set()
+            if not ended:
+                for e in leaves:
+                    self.queue.put(e)
             self.cond.notify_all()
+        if ended:
+            self._run_inline(leaves)
 
     def submit_op(self, op: Any, names: Sequence[str] = ()) -> None:
         with self.cond:
             for n in names:
                 self.var_events[n] = threading.Event()
-            self.queue.put(op)
+            ended = self.body_done.is_set()
+            if not ended:
+                self.queue.put(op)
+        if ended:
+            self._run_inline([op])
+
+    def _run_inline(self, items: Sequence[Any]) -> None:
+        """Run `items` on this thread: the executor has ended (its thread drains what came before)."""
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+        with self.inline_lock:
+            for item in items:
+                self._execute_or_skip(item)
+
+    def _execute_or_skip(self, item: Any) -> None:
+        """Execute `item`; after a failure, skip it and wake whoever waits on its variables."""
+        try:
+            if self.error_ is None:
+                self._execute(item)
+            else:
+                self.record_error(self.error_)
+        except BaseException as e:  # noqa: B036 - recorded and re-raised by sync()
+            self.record_error(e)
 
     def end(self) -> None:
         """No more submissions: the thread exits once the queue is drained; branches end too."""
@@ -159,6 +192,8 @@ class StreamExecutor:
         if self._outside_body():
             self.body_done.wait()
         self.queue.join()
+        with self.inline_lock:  # whatever runs on another caller's thread
+            pass
 
     def sync(self) -> None:
         self.wait()
@@ -213,10 +248,7 @@ class StreamExecutor:
             try:
                 if expr is _END:
                     return
-                if self.error_ is None:
-                    self._execute(expr)
-            except BaseException as e:  # noqa: B036 - recorded and re-raised by sync()
-                self.record_error(e)
+                self._execute_or_skip(expr)
             finally:
                 if expr is _END:
                     with self.cond:
@@ -244,6 +276,7 @@ class StreamExecutor:
                 self.meta_info[name] = meta
             self.set_vars.append(name)
             self.partial.pop(name, None)
+            self.partial_meta.pop(name, None)
             ev = self.var_events.get(name)
             if ev is not None:
                 ev.set()
@@ -288,6 +321,8 @@ class StreamExecutor:
 
     def _gen(self, e: ir.Gen) -> None:
         params = self.defaults.override(e.params)
+        if params.skip_special_tokens is None:
+            params = replace(params, skip_special_tokens=global_config.skip_special_tokens_in_output)
         stop_str = self.template.stop_str if self.role == "assistant" else None
         if stop_str and stop_str not in (params.stop or ()):
             params = replace(params, stop=(*(params.stop or ()), stop_str))
@@ -296,11 +331,13 @@ class StreamExecutor:
             meta: dict = {}
             value = ""
             for delta, m in self.backend.generate_stream(ctx, params):
+                if m is not None:
+                    meta = m
+                    with self.cond:
+                        self.partial_meta[e.name] = m
                 if delta:
                     value += delta
                     self._append(delta, var=e.name)
-                if m is not None:
-                    meta = m
         else:
             value, meta = self.backend.generate(ctx, params)
             self._append(value if isinstance(value, str) else value[0])

@@ -16,6 +16,7 @@ from typing import Any
 from radixgen.lang import ir
 from radixgen.lang.backends.base import Backend
 from radixgen.lang.executor import ProgramError, StreamExecutor, _Append, _Fail, _Gather, logger
+from radixgen.lang.global_config import global_config
 
 __all__ = ["ProgramError", "ProgramState", "ProgramStateGroup", "run_program", "run_program_batch"]
 
@@ -139,12 +140,17 @@ class ProgramState:
         return ProgramStateGroup([ProgramState(c) for c in self._ex.fork(size)], self)
 
     # streaming
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
-        """Yield text chunks as produced (all text, or only `var_name`'s); joined they equal the result."""
+    def text_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
+        """Yield text chunks as produced (all text, or only `var_name`'s); joined they equal the result.
+        With `return_meta_data` (needs `var_name`) each item is `(chunk, meta_info)`, the meta info of
+        that gen as of the chunk (token counts so far; the final one has its finish_reason)."""
+        if return_meta_data and var_name is None:
+            raise ValueError("return_meta_data=True needs a variable name: text_iter('answer', return_meta_data=True)")
         ex, prev = self._ex, 0
         while True:
             with ex.cond:
                 while True:
+                    meta: dict = {}
                     if var_name is None:
                         cur = ex.text_
                         done = ex.finished or ex.error_ is not None
@@ -152,6 +158,7 @@ class ProgramState:
                         ev = ex.var_events.get(var_name)
                         ready = var_name in ex.variables and (ev is None or ev.is_set())
                         cur = ex.variables[var_name] if ready else ex.partial.get(var_name, "")
+                        meta = ex.meta_info.get(var_name, {}) if ready else ex.partial_meta.get(var_name, {})
                         done = ready or ex.finished or ex.error_ is not None
                         if ready and not isinstance(cur, str):
                             cur = str(cur)
@@ -159,14 +166,15 @@ class ProgramState:
                         break
                     ex.cond.wait(timeout=1.0)
             if len(cur) > prev:
-                yield cur[prev:]
+                yield (cur[prev:], dict(meta)) if return_meta_data else cur[prev:]
                 prev = len(cur)
             if done:
                 return
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False
+                              ) -> AsyncIterator[Any]:
         """asyncio twin of text_iter (the waiting happens in a worker thread)."""
-        it, end = self.text_iter(var_name), object()
+        it, end = self.text_iter(var_name, return_meta_data), object()
         loop = asyncio.get_running_loop()
         while True:
             chunk = await loop.run_in_executor(None, next, it, end)
@@ -247,6 +255,8 @@ def run_program(func: Callable, backend: Backend, args: Sequence, kwargs: dict,
             ex.submit_op(_Fail(e))  # what was submitted before the error still runs
         finally:
             ex.end()
+        if global_config.verbosity >= 2:
+            print(state.text(), flush=True)
 
     if stream:
         threading.Thread(target=body, name=f"radixgen-body-{ex.id}", daemon=True).start()
@@ -258,15 +268,22 @@ def run_program(func: Callable, backend: Backend, args: Sequence, kwargs: dict,
 
 def run_program_batch(func: Callable, backend: Backend, batch: Sequence[dict | Sequence],
                       defaults: ir.SamplingParams, num_threads: int | str = "auto",
-                      progress_bar: bool = False, prefix: str | None = None) -> list[ProgramState]:
-    """Run `func` once per argument set on a thread pool; states in input order."""
-    from concurrent.futures import ThreadPoolExecutor
-
+                      progress_bar: bool = False, prefix: str | None = None,
+                      generator_style: bool = False) -> list[ProgramState] | Iterator[ProgramState]:
+    """Run `func` once per argument set on a thread pool; states in input order (a list, or with
+    `generator_style` an iterator yielding each state once it and those before it are done)."""
     if prefix and len(batch) > 1:
         backend.cache_prefix(prefix)
     if num_threads == "auto":
         num_threads = max(16, (os.cpu_count() or 1) * 16)
     num_threads = max(1, min(int(num_threads), len(batch) or 1))
+    states = _batch_states(func, backend, batch, defaults, num_threads, progress_bar)
+    return states if generator_style else list(states)
+
+
+def _batch_states(func: Callable, backend: Backend, batch: Sequence[dict | Sequence], defaults: ir.SamplingParams,
+                  num_threads: int, progress_bar: bool) -> Iterator[ProgramState]:
+    from concurrent.futures import ThreadPoolExecutor
 
     def one(arg: dict | Sequence) -> ProgramState:
         if isinstance(arg, dict):
@@ -283,7 +300,7 @@ def run_program_batch(func: Callable, backend: Backend, batch: Sequence[dict | S
         if bar is not None:
             for f in futures:
                 f.add_done_callback(lambda _f: bar.update(1))
-        states = [f.result() for f in futures]
+        for f in futures:
+            yield f.result()
     if bar is not None:
         bar.close()
-    return states

@@ -12,8 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from radixgen.grammar.schema import DTYPE_REGEX
+
 # Program-level defaults, the same as SGLang's `run()` defaults.
 DEFAULT_MAX_NEW_TOKENS = 128
+
+# SGLang's names for the patterns behind `gen(dtype=...)` (radixgen's own, stricter patterns:
+# grammar/schema.py). `sgl.gen(regex=REGEX_INT)` is the same as `sgl.gen(dtype=int)`.
+REGEX_INT = DTYPE_REGEX[int]
+REGEX_FLOAT = DTYPE_REGEX[float]
+REGEX_BOOL = DTYPE_REGEX[bool]
+REGEX_STR = DTYPE_REGEX[str]
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,7 @@ class SamplingParams:
     min_new_tokens: int | None = None
     stop: tuple[str, ...] | None = None
     stop_token_ids: tuple[int, ...] | None = None
+    stop_regex: tuple[str, ...] | None = None  # applied by the backend while streaming (common/stop_regex.py)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -37,6 +47,9 @@ class SamplingParams:
     ignore_eos: bool | None = None
     return_logprob: bool | None = None
     top_logprobs_num: int | None = None
+    logprob_start_len: int | None = None  # prompt logprobs from this position (return_logprob)
+    return_text_in_logprobs: bool | None = None  # logprob entries (logprob, id, text) instead of (logprob, id)
+    skip_special_tokens: bool | None = None  # set from global_config by the executor
     n: int | None = None
     regex: str | None = None
     json_schema: str | None = None  # always a JSON string here (api.py converts dicts / pydantic)
@@ -55,9 +68,10 @@ class SamplingParams:
         bad = sorted(set(kw) - names)
         if bad:
             raise TypeError(f"unknown sampling argument(s) {bad}; known: {sorted(names)}")
-        if isinstance(kw.get("stop"), str):
-            kw["stop"] = (kw["stop"],)
-        for k in ("stop", "stop_token_ids"):
+        for k in ("stop", "stop_regex"):
+            if isinstance(kw.get(k), str):
+                kw[k] = (kw[k],)
+        for k in ("stop", "stop_token_ids", "stop_regex"):
             if kw.get(k) is not None:
                 kw[k] = tuple(kw[k])
         return cls(**kw)
@@ -75,7 +89,8 @@ class SamplingParams:
     def to_engine(self) -> dict[str, Any]:
         """The SGLang-named sampling_params dict of the runtime (None fields left out)."""
         keys = ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
-                "frequency_penalty", "presence_penalty", "ignore_eos", "n", "regex", "json_schema")
+                "frequency_penalty", "presence_penalty", "ignore_eos", "n", "regex", "json_schema",
+                "skip_special_tokens")
         out = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
         if self.stop:
             out["stop"] = list(self.stop)

@@ -33,6 +33,10 @@ class TokenAllocator:
     def available_size(self) -> int:
         return self._n_free
 
+    def free_slots(self) -> torch.Tensor:
+        """The free slots (int64 [available_size()], a view: read only)."""
+        return self._free[: self._n_free]
+
     def alloc(self, n: int) -> torch.Tensor | None:
         """Take `n` free slots (int64 [n]) or return None when fewer are free."""
         if n > self._n_free:

@@ -1,7 +1,15 @@
 """The `radixgen` command: `serve` (the HTTP server) and `run` (a Python file with @function programs).
 
     radixgen serve [--model M] [--host 127.0.0.1] [--port 30000] [--api-key K] [every EngineConfig field]
+    radixgen router --worker-urls URL [URL ...] [--host H] [--port P] [every RouterConfig field]
     radixgen run [--endpoint URL] path/to/program.py [program args ...]
+    radixgen --version                 (also `python -m radixgen ...`)
+
+Start-up problems the user can fix (a model that cannot be found, an unavailable device, a bad
+setting) end with one `radixgen serve: error: ...` line and exit status 1, not a traceback.
+
+`serve --dp-size N` starts N replicas behind a router in this process; `serve --node-rank K` (K > 0)
+runs that machine's tensor-parallel ranks for node 0's engine (see docs/scaling.md).
 
 The engine flags are generated from `EngineConfig`'s fields (so a flag and a field never drift): the
 name with dashes, the type and choices from the annotation, the help from the docstring under the
@@ -12,76 +20,25 @@ gets a `--no-...` form.
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
-import logging
+import contextlib
 import os
 import runpy
 import sys
-import textwrap
-import typing
-from dataclasses import MISSING, fields
+import time
+from collections.abc import Iterator
 from typing import Any
 
-from radixgen.runtime.config import EngineConfig
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring literal under each annotated field of a dataclass (PEP 257 attribute docstrings)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for stmt, nxt in zip(body, body[1:], strict=False):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _base_type(tp: Any) -> tuple[Any, bool]:
-    """(type without None, whether None is allowed)."""
-    args = typing.get_args(tp)
-    if args and type(None) in args:
-        rest = [a for a in args if a is not type(None)]
-        return (rest[0] if len(rest) == 1 else rest), True
-    return tp, False
-
-
-def add_engine_flags(parser: argparse.ArgumentParser, aliases: dict[str, list[str]] | None = None) -> None:
-    """One flag per EngineConfig field."""
-    hints = typing.get_type_hints(EngineConfig)
-    docs = field_docs(EngineConfig)
-    group = parser.add_argument_group("engine options (EngineConfig fields)")
-    for f in fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
-        names = [flag, *(aliases or {}).get(f.name, [])]
-        default = f.default if f.default is not MISSING else None
-        help_ = docs.get(f.name, "")
-        tp, optional = _base_type(hints[f.name])
-        if tp is bool:
-            if default:
-                group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=True, help=help_)
-            else:
-                group.add_argument(*names, dest=f.name, action="store_true", help=help_)
-            continue
-        kw: dict[str, Any] = {"dest": f.name, "default": default}
-        if typing.get_origin(tp) is typing.Literal:
-            kw["choices"] = list(typing.get_args(tp))
-            kw["type"] = type(kw["choices"][0])
-        elif tp in (int, float, str):
-            kw["type"] = tp
-        suffix = f" (default: {default})" if default is not None else ""
-        group.add_argument(*names, help=help_ + suffix, metavar=f.name.upper() if "choices" not in kw else None,
-                           **kw)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in fields(EngineConfig)}
+from radixgen.runtime.config_flags import add_config_flags, add_engine_flags, engine_kwargs
+from radixgen.runtime.router.config import RouterConfig
+from radixgen.runtime.server.parsers import REASONING_PARSER_CHOICES, TOOL_PARSER_CHOICES
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from radixgen import __version__
+
     parser = argparse.ArgumentParser(prog="radixgen", description="radixgen: structured generation runtime.")
-    sub = parser.add_subparsers(dest="command", metavar="{serve,run}")
+    parser.add_argument("--version", action="version", version=f"radixgen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{serve,router,run}")
     sub.required = True
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                            description="Serve a model: /v1/chat/completions, /v1/completions, /v1/models, "
@@ -93,9 +50,29 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: $RADIXGEN_API_KEY, else no key)")
     serve.add_argument("--served-model-name", default=None,
                        help="the model id clients pass as `model` (default: derived from --model)")
-    serve.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                       help="log level of the server (default: warning)")
+    serve.add_argument("--tool-call-parser", default="auto", choices=TOOL_PARSER_CHOICES,
+                       help="format of the model's tool calls (default: auto, the one its chat template uses)")
+    serve.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSER_CHOICES,
+                       help="split a thinking model's <think>...</think> into reasoning_content (default: none)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level of the server (default: info: load progress, request and batch lines)")
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="log lines as text or as one JSON object each (default: text)")
+    serve.add_argument("--skip-warmup", action="store_true",
+                       help="accept requests right after loading, without first running one short request "
+                            "(the first request then pays for the warm-up, ~1-8 s)")
     add_engine_flags(serve, aliases={"model": ["--model-path"]})
+    add_config_flags(serve, RouterConfig, "router options (RouterConfig fields; with --dp-size > 1)")
+    router = sub.add_parser("router", help="route the serving API over running `radixgen serve` replicas",
+                            description="A cache-aware router in front of `radixgen serve` replicas (e.g. on "
+                                        "other machines): the same routes as one server, plus /workers.")
+    router.add_argument("--worker-urls", nargs="+", required=True, metavar="URL",
+                        help="base URLs of the replicas, e.g. http://10.0.0.5:30000")
+    router.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    router.add_argument("--port", type=int, default=30000, help="port to bind (default: 30000)")
+    router.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="log level of the router (default: warning)")
+    add_config_flags(router, RouterConfig, "router options (RouterConfig fields)")
     run = sub.add_parser("run", help="run a Python file (e.g. @function programs) with runpy",
                          description="Run a Python file as __main__; with --endpoint its programs default to "
                                      "that server (RuntimeEndpoint).")
@@ -109,23 +86,47 @@ def build_parser() -> argparse.ArgumentParser:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from radixgen.runtime.engine import Engine
-    from radixgen.runtime.server import create_app
+    if args.node_rank > 0 or args.dp_size > 1:
+        from radixgen.runtime.router.replicas import serve_scaled_out  # lazy: httpx, subprocesses
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    engine = Engine(**engine_kwargs(args))
+        sys.exit(serve_scaled_out(args))
+
+    from radixgen.runtime.engine import Engine
+    from radixgen.runtime.observability.log_format import configure_logging
+    from radixgen.runtime.server import create_app
+    from radixgen.runtime.server.warmup import warm_up
+
+    configure_logging(args.log_level, args.log_format)
+    t0 = time.perf_counter()
     try:
-        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name)
+        engine = Engine(**engine_kwargs(args))
+    except (FileNotFoundError, ValueError, TypeError) as e:
+        raise SystemExit(f"radixgen serve: error: {e}") from None
+    try:
+        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         state = app.state.radixgen
+        if not args.skip_warmup:
+            warm_up(engine, state)
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
                 state.draining = True  # new requests get 503 while in-flight ones finish
                 super().handle_exit(sig, frame)
 
+            @contextlib.contextmanager
+            def capture_signals(self) -> Iterator[None]:
+                with super().capture_signals():
+                    try:
+                        yield
+                    finally:  # uvicorn re-raises the stopping signal after this: shut down first
+                        engine.shutdown()
+
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=5, access_log=args.log_level == "debug")
-        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port}", flush=True)
+                                timeout_graceful_shutdown=5, access_log=args.log_level == "debug",
+                                **({"log_config": None} if args.log_format == "json" else {}))  # json: ours
+        print(f"radixgen: serving {state.model_name!r} at http://{args.host}:{args.port} "
+              f"(ready in {time.perf_counter() - t0:.1f} s)", flush=True)
         Server(config).run()
     finally:
         engine.shutdown()
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         serve(args)
+    elif args.command == "router":
+        from radixgen.runtime.router.replicas import run_router  # lazy: httpx
+
+        run_router(args)
     else:
         run_program(args)
 

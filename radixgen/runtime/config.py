@@ -50,8 +50,38 @@ class EngineConfig:
     float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
     seed: int = 0
     """Seed for requests that give none."""
+    debug_kv_check: bool = False
+    """After every scheduler step, check that each KV slot has exactly one owner, the radix tree's
+    locks match the running requests and their req_to_token rows agree with the tree (slow: debugging)."""
     num_threads: int | None = None
-    """torch CPU threads (default: torch's choice)."""
+    """torch CPU threads (default: torch's choice; under tensor parallelism, the cores divided among the
+    node's ranks)."""
+    tp_size: int = 1
+    """Tensor-parallel ranks: one process per rank, each holding 1/tp_size of the weights and KV heads
+    (gloo on CPU, nccl on CUDA). See docs/scaling.md."""
+    dp_size: int = 1
+    """Data-parallel replicas for `radixgen serve`: this many engines as processes, each with its own KV
+    pool and radix cache, behind a cache-aware router in the serving process."""
+    nnodes: int = 1
+    """Machines the tensor-parallel ranks span (tp_size / nnodes ranks on each)."""
+    node_rank: int = 0
+    """This machine's index among `nnodes` (0 runs the scheduler and the server)."""
+    dist_init_addr: str | None = None
+    """host:port of node 0 where the ranks meet (torch.distributed TCP store); needed when nnodes > 1,
+    default on one machine: a free local port."""
+    log_requests: bool = False
+    """Also log each finished request's body (see log_requests_level); a one-line summary of every
+    request is logged at info level either way."""
+    log_requests_level: Literal[0, 1, 2, 3] = 2
+    """With --log-requests: 0 the summary only, 1 and the sampling parameters, 2 and the prompt and
+    output text cut at 2048 characters, 3 and the whole texts (SGLang's levels)."""
+    stats_log_interval: float = 5.0
+    """Seconds between the "Prefill batch" / "Decode batch" info lines while the engine works (and
+    between refreshes of the engine gauges on /metrics); 0 turns them off."""
+    otlp_traces_endpoint: str | None = None
+    """Send an OpenTelemetry trace of every request over OTLP to this endpoint (e.g.
+    http://localhost:4318; OTEL_EXPORTER_OTLP_* variables work too). Needs opentelemetry-sdk and
+    opentelemetry-exporter-otlp."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -66,6 +96,14 @@ class EngineConfig:
             ("sampling_backend", self.sampling_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
             ("attention_backend", self.attention_backend in ("auto", "torch", "torch-sdpa", "triton"),
              "auto, torch, torch-sdpa or triton"),
+            ("tp_size", self.tp_size >= 1, ">= 1"),
+            ("dp_size", self.dp_size >= 1, ">= 1"),
+            ("nnodes", self.nnodes >= 1 and self.tp_size % self.nnodes == 0, f">= 1 and divide tp_size={self.tp_size}"),
+            ("node_rank", 0 <= self.node_rank < self.nnodes, f"in [0, nnodes={self.nnodes})"),
+            ("dist_init_addr", _is_host_port(self.dist_init_addr) if self.dist_init_addr is not None
+             else self.nnodes == 1, "host:port (and given when nnodes > 1)"),
+            ("log_requests_level", self.log_requests_level in (0, 1, 2, 3), "0, 1, 2 or 3"),
+            ("stats_log_interval", self.stats_log_interval >= 0, ">= 0"),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -74,3 +112,8 @@ class EngineConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+
+def _is_host_port(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536

@@ -8,8 +8,10 @@ per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for th
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
@@ -18,13 +20,18 @@ from typing import Any
 
 from radixgen.grammar import GrammarCache, make_router, spec_from_params
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.device import check_device
+from radixgen.runtime.distributed import make_model_runner
+from radixgen.runtime.executor.worker import ModelWorker
+from radixgen.runtime.observability.observer import Observer
+from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
 from radixgen.runtime.scheduler.scheduler import Scheduler
 from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams
 
+logger = logging.getLogger(__name__)
 Prompt = str | list[str] | None
 Ids = list[int] | list[list[int]] | None
 
@@ -33,19 +40,31 @@ class Engine:
     """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`."""
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
+        if "model_path" in config:  # SGLang's name for it
+            if model is not None:
+                raise TypeError("give model or model_path, not both")
+            model = config.pop("model_path")
         unknown = sorted(set(config) - set(EngineConfig.field_names()))
         if unknown:
             raise TypeError(f"unknown Engine option {unknown[0]!r}; options: {', '.join(EngineConfig.field_names())}")
         self.config = EngineConfig(model=model, **config)
+        check_device(self.config.device)
+        t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model)
-        self.runner = on_short_lived_thread(lambda: ModelRunner(self.config))
+        self.runner = on_short_lived_thread(lambda: make_model_runner(self.config))
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
-        self.scheduler = Scheduler(self.config, self.runner, eos)
+        kv = KVManager(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.config.page_size,
+                       self.config.disable_radix_cache)
+        worker = ModelWorker(self.config, self.runner, eos)
+        self.scheduler = Scheduler(self.config, worker, kv, self.context_length, eos)
+        self.observer = Observer(self.config, self.tokenizer, self.get_stats, self.context_length)
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
+        logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
+                    self.config.max_total_tokens, self.context_length)
 
     # ------------------------------------------------------------------ constraints
 
@@ -54,7 +73,7 @@ class Engine:
         """Compiled-grammar cache of the grammar router, configured backend first (built on first use)."""
         if self._grammar_cache is None:
             backend = make_router(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
-            self._grammar_cache = GrammarCache(backend)
+            self._grammar_cache = GrammarCache(backend, on_compiled=self.observer.on_grammar_compiled)
         return self._grammar_cache
 
     def _constraint(self, params: SamplingParams) -> Future | None:
@@ -155,6 +174,21 @@ class Engine:
                     top_logprobs_num=top_logprobs_num, extra_key=extra_key)
         return seqs, single, opts
 
+    def _new_requests(self, seqs: list[tuple], emits: list[Callable[[dict], None]], rid: str | None, stream: bool,
+                      opts: dict) -> tuple[list[Req], list[Future | None]]:
+        """The requests of `seqs` (each answering through its `emit`) and their constraint compiles
+        (started here, off the scheduler thread)."""
+        compiles = [self._constraint(p) for _, p in seqs]
+        reqs = [self._make_req(ids, p, emit, stream=stream, rid=rid, **opts)
+                for (ids, p), emit in zip(seqs, emits, strict=True)]
+        for req, compile_ in zip(reqs, compiles, strict=True):
+            self.observer.watch(req, compile_)  # metrics, request log, trace when it finishes
+        return reqs, compiles
+
+    def _submit(self, reqs: list[Req]) -> None:
+        for r in reqs:
+            self.scheduler.add_request(r)
+
     # ------------------------------------------------------------------ sync API
 
     def generate(
@@ -176,19 +210,13 @@ class Engine:
         """
         seqs, single, opts = self._prepare(prompt, sampling_params, input_ids, stream, return_logprob,
                                            logprob_start_len, top_logprobs_num, extra_key)
-        if stream:
-            return self._stream(seqs[0], rid=rid, **opts)
-        futures = [self._constraint(p) for _, p in seqs]
-        channels = []
-        reqs = []
-        for ids, p in seqs:
-            q: queue.Queue = queue.Queue()
-            reqs.append(self._make_req(ids, p, q.put, stream=False, rid=rid if single else None, **opts))
-            channels.append(q)
-        self._attach_grammars(reqs, futures)  # waits for compiles on this thread, not the scheduler's
+        channels: list[queue.Queue] = [queue.Queue() for _ in seqs]
+        reqs, compiles = self._new_requests(seqs, [q.put for q in channels], rid if single else None, stream, opts)
+        self._attach_grammars(reqs, compiles)  # waits for compiles on this thread, not the scheduler's
         self._precache(seqs, extra_key)
-        for r in reqs:
-            self.scheduler.add_request(r)
+        self._submit(reqs)
+        if stream:
+            return self._chunks(reqs[0], channels[0])
         results = [q.get() for q in channels]
         return results[0] if single else results
 
@@ -198,24 +226,17 @@ class Engine:
         if shared and not self.config.disable_radix_cache:
             self.generate(input_ids=shared, sampling_params={"max_new_tokens": 0}, extra_key=extra_key)
 
-    def _stream(self, seq: tuple, rid: str | None, **opts: Any) -> Iterator[dict]:
-        q: queue.Queue = queue.Queue()
-        req = self._make_req(seq[0], seq[1], q.put, stream=True, rid=rid, **opts)
-        self._attach_grammars([req], [self._constraint(seq[1])])
-        self.scheduler.add_request(req)
-
-        def chunks() -> Iterator[dict]:
-            try:
-                while True:
-                    chunk = q.get()
-                    yield chunk
-                    if chunk["meta_info"]["finish_reason"] is not None:
-                        return
-            finally:
-                if req.finished is None:
-                    self.abort(req.rid)
-
-        return chunks()
+    def _chunks(self, req: Req, channel: queue.Queue) -> Iterator[dict]:
+        """A streamed request's chunks until its last; a consumer that stops early aborts it."""
+        try:
+            while True:
+                chunk = channel.get()
+                yield chunk
+                if chunk["meta_info"]["finish_reason"] is not None:
+                    return
+        finally:
+            if req.finished is None:
+                self.abort(req.rid)
 
     # ------------------------------------------------------------------ async API
 
@@ -235,43 +256,29 @@ class Engine:
         seqs, single, opts = self._prepare(prompt, sampling_params, input_ids, stream, return_logprob,
                                            logprob_start_len, top_logprobs_num, extra_key)
         loop = asyncio.get_running_loop()
-        if stream:
-            return self._astream(seqs[0], loop, rid=rid, **opts)
-        compiles = [self._constraint(p) for _, p in seqs]
-        futures = []
-        reqs = []
-        for ids, p in seqs:
-            fut = loop.create_future()
-            emit = _future_setter(loop, fut)
-            reqs.append(self._make_req(ids, p, emit, stream=False, rid=rid if single else None, **opts))
-            futures.append(fut)
-        await asyncio.gather(*[asyncio.wrap_future(c) for c in compiles if c is not None])
+        channels: list[asyncio.Queue] = [asyncio.Queue() for _ in seqs]
+        emits = [_threadsafe_put(loop, q) for q in channels]
+        reqs, compiles = self._new_requests(seqs, emits, rid if single else None, stream, opts)
+        await asyncio.gather(*[asyncio.wrap_future(c) for c in compiles if c is not None], return_exceptions=True)
         self._attach_grammars(reqs, compiles)
         if _shared_prompts(seqs):
             await loop.run_in_executor(None, self._precache, seqs, extra_key)
-        for r in reqs:
-            self.scheduler.add_request(r)
+        self._submit(reqs)
+        if stream:
+            return self._achunks(reqs[0], channels[0])
         try:
-            results = list(await asyncio.gather(*futures))
+            results = list(await asyncio.gather(*[q.get() for q in channels]))
         except asyncio.CancelledError:
             for r in reqs:
                 self.abort(r.rid)
             raise
         return results[0] if single else results
 
-    async def _astream(self, seq: tuple, loop: asyncio.AbstractEventLoop, rid: str | None,
-                       **opts: Any) -> AsyncIterator[dict]:
-        q: asyncio.Queue = asyncio.Queue()
-        req = self._make_req(seq[0], seq[1], lambda c: loop.call_soon_threadsafe(q.put_nowait, c),
-                             stream=True, rid=rid, **opts)
-        compile_ = self._constraint(seq[1])
-        if compile_ is not None:
-            await asyncio.wrap_future(compile_)
-        self._attach_grammars([req], [compile_])
-        self.scheduler.add_request(req)
+    async def _achunks(self, req: Req, channel: asyncio.Queue) -> AsyncIterator[dict]:
+        """asyncio twin of `_chunks`."""
         try:
             while True:
-                chunk = await q.get()
+                chunk = await channel.get()
                 yield chunk
                 if chunk["meta_info"]["finish_reason"] is not None:
                     return
@@ -297,7 +304,9 @@ class Engine:
         """Stop the scheduler thread; requests in flight finish with reason "abort"."""
         if not self._closed:
             self._closed = True
+            self.observer.shutdown()
             self.scheduler.shutdown()
+            self.runner.close()
             if self._grammar_cache is not None:
                 self._grammar_cache.shutdown(wait=False)
 
@@ -316,8 +325,6 @@ def _shared_prompts(seqs: list[tuple]) -> list[list[int]]:
     return [list(k) for k, c in counts.items() if c > 1]
 
 
-def _future_setter(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> Callable[[dict], None]:
-    def emit(chunk: dict) -> None:
-        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(chunk))
-
-    return emit
+def _threadsafe_put(loop: asyncio.AbstractEventLoop, q: asyncio.Queue) -> Callable[[dict], None]:
+    """An emit callback for the scheduler thread that puts chunks on an asyncio queue of `loop`."""
+    return lambda chunk: loop.call_soon_threadsafe(q.put_nowait, chunk)

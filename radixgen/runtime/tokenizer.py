@@ -9,12 +9,14 @@ sequence (U+FFFD) or that may be the beginning of a stop string.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 
+logger = logging.getLogger(__name__)
 DETOK_CONTEXT = 5  # tokens of left context used to decode a boundary correctly
 
 
@@ -60,6 +62,7 @@ def load_tokenizer(model: str | os.PathLike | None = None) -> Tokenizer:
     cached = cache_dir_for(path) / "tokenizer"
     if (cached / "tokenizer.json").is_file():
         return Tokenizer(AutoTokenizer.from_pretrained(str(cached)))
+    logger.info("converting the tokenizer of %s (first load of this file, ~10 s; cached in %s)", path.name, cached)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
     hf.save_pretrained(str(tmp))

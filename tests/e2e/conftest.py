@@ -26,13 +26,13 @@ def free_port() -> int:
 class Server:
     """A `python -m radixgen.runtime.cli serve` subprocess."""
 
-    def __init__(self, *args: str, log: Path) -> None:
+    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [sys.executable, "-m", "radixgen.runtime.cli", "serve", "--host", "127.0.0.1",
                "--port", str(self.port), *args]
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, timeout: float = 180) -> None:

@@ -1,21 +1,18 @@
 """Cheap server checks: the API key on a real `radixgen serve --api-key` (a tiny random model), and the
 app's error paths, SSE framing, tool calls and metrics driven in process over raw ASGI (no sockets) on a
 real Engine over a tiny random-weight llama with the SmolLM2 tokenizer. Output a random model cannot be
-relied on to produce is forced with a grammar constraint (`regex`, or a named / required tool choice);
-the tool-call parser is also checked as a pure function on literal strings."""
+relied on to produce is forced with a grammar constraint (`regex`, or a named / required tool choice)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixgen.runtime.engine import Engine
 from radixgen.runtime.server import create_app
-from radixgen.runtime.server.chat import build_messages, parse_tool_calls, render, tool_mode, tool_schema
-from radixgen.runtime.server.protocol import ChatCompletionRequest
 
 CTX = 512  # the tiny engine's context length (prompts over it are rejected)
 
@@ -211,48 +208,16 @@ def test_chat_sse_free_text_matches_the_engine(app):
 # ---------------------------------------------------------------------------------------------- tools
 
 
-def test_parse_tool_calls_on_literal_text():
-    def parsed(text: str, names=("get_weather",)) -> list[tuple[str, dict]] | None:
-        calls = parse_tool_calls(text, list(names))
-        return None if calls is None else [(c.function.name, json.loads(c.function.arguments)) for c in calls]
-
-    rome = [("get_weather", {"city": "Rome"})]
-    assert parsed(ROME_CALL) == rome
-    assert parsed(f"  {ROME_CALL}\n") == rome
-    assert parsed(f"<tool_call>{ROME_CALL}</tool_call>") == rome
-    assert parsed(f"```json\n{ROME_CALL}\n```") == rome
-    assert parsed(f"Sure, calling it: {ROME_CALL}") == rome  # a call after some text
-    assert parsed('{"name": "get_weather", "parameters": {"city": "Rome"}}') == rome  # `parameters` alias
-    assert parsed('{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}') == rome  # arguments as text
-    two = '[{"name": "get_weather", "arguments": {"city": "Rome"}}, {"name": "get_time", "arguments": {}}]'
-    assert parsed(two, ("get_weather", "get_time")) == [*rome, ("get_time", {})]
-    assert parsed(two) is None  # get_time is not a tool here
-    assert parsed('{"name": "get_weather"}') == [("get_weather", {})]
-    calls = parse_tool_calls(two, ["get_weather", "get_time"])
-    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") and c.type == "function" for c in calls)
-    for not_a_call in ["hi there", "", '{"name": "other", "arguments": {}}', '{"city": "Rome"}', "{not json}",
-                       '{"name": "get_weather", "arguments": "{bad"}', "[1, 2]"]:
-        assert parsed(not_a_call) is None, not_a_call
-
-
-def test_tool_choice_schema_and_prompt(app):
-    req = ChatCompletionRequest(**NAMED)
-    mode, names = tool_mode(req)
-    assert (mode, names) == ("named", ["get_weather"])
-    schema = tool_schema(req, mode, names)
-    assert schema["properties"]["name"] == {"const": "get_weather"}
-    assert schema["properties"]["arguments"] == WEATHER["function"]["parameters"]
-    required = ChatCompletionRequest(**dict(NAMED, tool_choice="required"))
-    assert tool_schema(required, *tool_mode(required))["type"] == "array"
-    single = ChatCompletionRequest(**dict(NAMED, tool_choice="required", parallel_tool_calls=False))
-    assert tool_schema(single, *tool_mode(single))["properties"]["name"] == {"const": "get_weather"}
-    auto = ChatCompletionRequest(**dict(CHAT, tools=[WEATHER]))
-    assert tool_mode(auto) == ("auto", ["get_weather"]) and tool_schema(auto, "auto", ["get_weather"]) is None
-    state = app.state.radixgen
-    prompt = render(state, *build_messages(state, req, mode))
-    assert "get_weather" in prompt and "hello" in prompt  # the tools are described to the model
-    none = ChatCompletionRequest(**dict(NAMED, tool_choice="none"))
-    assert "get_weather" not in render(state, *build_messages(state, none, "none"))
+def streamed_calls(chunks: list[dict]) -> list[tuple[str, str]]:
+    """(name, arguments) of the tool calls in streamed chunks: a call's first delta names it, later
+    ones carry fragments of its arguments."""
+    calls: dict[int, list[str]] = {}
+    for c in chunks:
+        for d in c["choices"][0]["delta"].get("tool_calls", []):
+            if "id" in d:
+                calls[d["index"]] = [d["function"]["name"], ""]
+            calls[d["index"]][1] += d["function"].get("arguments", "")
+    return [(n, a) for n, a in calls.values()]
 
 
 def test_named_and_required_tool_choice_constrain_the_output(app):
@@ -274,10 +239,9 @@ def test_named_and_required_tool_choice_constrain_the_output(app):
     assert status == 200
     chunks, last = sse_events(raw)
     assert last == "[DONE]"
-    assert not any(c["choices"][0]["delta"].get("content") for c in chunks)  # held back as a call
-    deltas = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert len(deltas) == 1 and deltas[0]["index"] == 0 and deltas[0]["function"]["name"] == "get_weather"
-    jsonschema.validate(json.loads(deltas[0]["function"]["arguments"]), params)
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks)  # the reply is the call
+    assert [(n, json.loads(a)) for n, a in streamed_calls(chunks)] == [("get_weather", json.loads(
+        chat(app, NAMED)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]))]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -293,9 +257,7 @@ def test_auto_tool_choice_parses_a_call_out_of_the_text(app):
                                                                 max_tokens=100, stream=True))
     chunks, last = sse_events(raw)
     assert status == 200 and last == "[DONE]"
-    deltas = [tc for c in chunks for tc in c["choices"][0]["delta"].get("tool_calls", [])]
-    assert [(d["function"]["name"], json.loads(d["function"]["arguments"])) for d in deltas] == \
-        [("get_weather", {"city": "Rome"})]
+    assert [(n, json.loads(a)) for n, a in streamed_calls(chunks)] == [("get_weather", {"city": "Rome"})]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     status, raw = call(app, "POST", "/v1/chat/completions", dict(CHAT, tools=[WEATHER], regex="hi there",
                                                                 stream=True))
@@ -306,47 +268,31 @@ def test_auto_tool_choice_parses_a_call_out_of_the_text(app):
 
 # ---------------------------------------------------------------------------------------------- metrics
 
-SAMPLE = re.compile(r'^(radixgen_\w+)\{model_name="tiny"(?:,le="([^"]+)")?\} (\S+)$')
-
-
 def test_metrics_text_and_stats(app, tiny_engine):
     assert call(app, "POST", "/v1/chat/completions", dict(CHAT, max_tokens=3))[0] == 200  # at least one request
     status, raw = call(app, "GET", "/metrics")
     assert status == 200
     oracle = tiny_engine.get_stats()  # idle now: the same numbers the endpoint read
-    samples: dict[tuple[str, str | None], float] = {}
-    types: dict[str, str] = {}
-    for line in raw.decode().splitlines():
-        if line.startswith("# TYPE "):
-            name, kind = line.split()[2:]
-            types[name] = kind
-        elif not line.startswith("# HELP "):
-            m = SAMPLE.match(line)
-            assert m, line
-            samples[m[1], m[2]] = float(m[3])
-    assert samples["radixgen_kv_capacity_tokens", None] == oracle["kv_capacity"] == 4096
-    assert samples["radixgen_kv_used_tokens", None] == oracle["kv_used"]
-    assert samples["radixgen_kv_usage_ratio", None] == pytest.approx(oracle["kv_used"] / oracle["kv_capacity"])
-    assert samples["radixgen_requests_arrived_total", None] == oracle["requests_arrived"] >= 1
-    assert types["radixgen_requests_arrived_total"] == "counter" and types["radixgen_num_running_reqs"] == "gauge"
-    assert samples["radixgen_num_running_reqs", None] == 0
-    # an engine stat the exporter has no name for shows up as a gauge under its own name
-    assert samples["radixgen_forward_steps", None] == oracle["forward_steps"] and types["radixgen_forward_steps"] == \
-        "gauge"
-    ttft = oracle["ttft"]
-    assert types["radixgen_time_to_first_token_seconds"] == "histogram" and ttft.n >= 1
+    samples = {(s.name, s.labels.get("le")): s.value for f in text_string_to_metric_families(raw.decode())
+               for s in f.samples if s.labels.get("model_name", "tiny") == "tiny"}
+    assert samples["sglang:max_total_num_tokens", None] == oracle["kv_capacity"] == 4096
+    assert samples["sglang:kv_available_tokens", None] == oracle["kv_capacity"] - oracle["kv_used"]
+    assert samples["sglang:kv_evictable_tokens", None] == oracle["kv_evictable"]
+    assert samples["sglang:num_running_reqs", None] == 0 and samples["sglang:token_usage", None] == 0
+    assert samples["radixgen:forward_steps_total", None] == oracle["forward_steps"]
+    itl = oracle["itl"]
+    assert itl.n >= 1
     total = 0
-    for le, count in zip([*ttft.buckets, float("inf")], ttft.counts, strict=True):  # buckets are cumulative
+    for le, count in zip([*itl.buckets, float("inf")], itl.counts, strict=True):  # buckets are cumulative
         total += count
-        key = "+Inf" if le == float("inf") else repr(float(le))
-        assert samples["radixgen_time_to_first_token_seconds_bucket", key] == total, key
-    assert total == ttft.n == samples["radixgen_time_to_first_token_seconds_count", None]
-    assert samples["radixgen_time_to_first_token_seconds_sum", None] == pytest.approx(ttft.total)
-    assert ("radixgen_inter_token_latency_seconds_bucket", "+Inf") in samples
+        key = "+Inf" if le == float("inf") else str(float(le))
+        assert samples["sglang:inter_token_latency_seconds_bucket", key] == total, key
+    assert total == itl.n == samples["sglang:inter_token_latency_seconds_count", None]
+    assert samples["sglang:inter_token_latency_seconds_sum", None] == pytest.approx(itl.total)
     stats = json.loads(call(app, "GET", "/stats")[1])
     assert stats["kv_capacity"] == oracle["kv_capacity"] and stats["requests_arrived"] == oracle["requests_arrived"]
-    assert stats["ttft"] == {"buckets": list(ttft.buckets), "counts": list(ttft.counts), "sum": ttft.total,
-                             "count": ttft.n}
+    assert stats["itl"] == {"buckets": list(itl.buckets), "counts": list(itl.counts), "sum": itl.total,
+                            "count": itl.n}
 
 
 # ---------------------------------------------------------------------------------------------- real server

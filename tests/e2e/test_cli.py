@@ -9,8 +9,9 @@ from dataclasses import fields
 
 import pytest
 
-from radixgen.runtime.cli import build_parser, engine_kwargs, field_docs
+from radixgen.runtime.cli import build_parser
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.config_flags import engine_kwargs, field_docs
 
 
 def _serve_parser() -> argparse.ArgumentParser:

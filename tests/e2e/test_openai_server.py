@@ -130,8 +130,8 @@ def test_native_generate(server):
     events = [ln[6:] for ln in conn.getresponse().read().decode().splitlines() if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    assert "".join(c["text"] for c in chunks) == out["text"]  # stream text is a delta per event
-    assert sum((c["output_ids"] for c in chunks), []) == out["output_ids"]
+    assert all(out["text"].startswith(c["text"]) for c in chunks)  # cumulative per event, as SGLang's server
+    assert chunks[-1]["text"] == out["text"] and chunks[-1]["output_ids"] == out["output_ids"]
     status, outs = server.post("/generate", {"text": ["a", "b"], "sampling_params": {"max_new_tokens": 2}})
     assert status == 200 and len(outs) == 2
 
@@ -140,12 +140,12 @@ def test_metrics_text(server, client):
     chat(client, max_tokens=3)
     status, text = server.get("/metrics")
     assert status == 200
-    for name in ("num_running_reqs", "num_waiting_reqs", "kv_used_tokens", "kv_usage_ratio", "cache_hit_rate",
-                 "generation_throughput_tokens_per_second", "time_to_first_token_seconds_bucket",
-                 "inter_token_latency_seconds_count"):
-        assert f"radixgen_{name}" in text, name
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
+                 "sglang:gen_throughput", "sglang:time_to_first_token_seconds_bucket",
+                 "sglang:inter_token_latency_seconds_count"):
+        assert name in text, name
     buckets = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-               if ln.startswith("radixgen_time_to_first_token_seconds_bucket")]
+               if ln.startswith("sglang:time_to_first_token_seconds_bucket") and 'is_streaming="false"' in ln]
     assert buckets == sorted(buckets) and buckets[-1] >= 1  # cumulative, +Inf last
     assert 'le="+Inf"' in text
 
@@ -203,8 +203,8 @@ def test_tool_choice_gives_valid_arguments(client, needs_constraints, choice):
     chunks = list(chat(client, messages=msgs, tools=[WEATHER, TIME], tool_choice=tool_choice, max_tokens=60,
                        parallel_tool_calls=False, stream=True))
     deltas = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [d.function.name for d in deltas] == [call.function.name]
-    assert json.loads(deltas[0].function.arguments) == json.loads(call.function.arguments)
+    assert [d.function.name for d in deltas if d.id] == [call.function.name]  # the first delta names it
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments  # fragments after
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
         ["tool_calls"]
 

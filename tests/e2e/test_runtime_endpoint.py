@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import radixgen as sgl
-from radixgen.lang.backends.base import as_backend
+from radixgen.lang.backends.default import as_backend
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def backend(engine):
-    from radixgen.lang.backends.base import as_backend
+    from radixgen.lang.backends.default import as_backend
 
     return as_backend(engine)
 

@@ -6,8 +6,9 @@ import pytest
 from pydantic import BaseModel
 
 import radixgen as sgl
+from radixgen.grammar.schema import DTYPE_REGEX
 from radixgen.lang import ir
-from radixgen.lang.api import _DTYPE_REGEX, dtype_regex
+from radixgen.lang.api import dtype_regex
 
 
 class Person(BaseModel):
@@ -40,9 +41,10 @@ def test_dtype_and_regex_and_choices():
         sgl.select("c", [])
 
 
-def test_dtype_regexes_match_the_grammar_package():
-    schema = pytest.importorskip("radixgen.grammar.schema")
-    assert _DTYPE_REGEX == schema.DTYPE_REGEX
+def test_dtype_regexes_are_the_grammar_packages_and_sglangs_names():
+    assert [dtype_regex(t) for t in (int, float, bool, str)] == [DTYPE_REGEX[t] for t in (int, float, bool, str)]
+    assert (sgl.REGEX_INT, sgl.REGEX_FLOAT, sgl.REGEX_BOOL, sgl.REGEX_STR) == \
+        (DTYPE_REGEX[int], DTYPE_REGEX[float], DTYPE_REGEX[bool], DTYPE_REGEX[str])
 
 
 def test_sampling_params_layering():

@@ -49,7 +49,8 @@ def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models):
 
     runner = ModelRunner(EngineConfig(model=str(tiny_models["llama"]), attention_backend="triton",
                                       max_total_tokens=1024, max_running_requests=8))
-    graphs = DecodeGraphRunner(runner, (1, 2, 4), capture=False)
+    graphs = DecodeGraphRunner(runner.model, runner.token_to_kv_pool, runner.req_to_token_pool, runner.attention,
+                               (1, 2, 4), capture=False)
     pool = runner.req_to_token_pool
     slots, lens = [pool.alloc() for _ in range(3)], [5, 17, 9]
     prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate(lens)]
@@ -91,7 +92,7 @@ def test_shared_prefix_cascade_matches_naive(h, h_kv, extend_lens):
     """Requests whose KV rows start with the same slots take the cascade path (shared part once,
     merged by log-sum-exp); results equal a naive per-request softmax."""
     from radixgen.runtime.executor.forward_batch import make_forward_batch
-    from radixgen.runtime.layers.attention import SHARED_PREFIX_MIN, AttentionMetadata, attention
+    from radixgen.runtime.layers.attention.torch_backend import SHARED_PREFIX_MIN, AttentionMetadata, attention
 
     g = torch.Generator().manual_seed(len(extend_lens) * 10 + h)
     shared, d = SHARED_PREFIX_MIN + 37, 16

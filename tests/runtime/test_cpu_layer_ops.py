@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
-from radixgen.runtime.models.llama import Rotary
+from radixgen.runtime.layers.rotary import Rotary
 
-pytestmark = pytest.mark.skipif(cpu_layer_ops.library() is None, reason="no C compiler to build the kernels")
+pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")
 
 
 @pytest.mark.parametrize("t,n", [(1, 576), (5, 64), (3, 100), (200, 512)])  # 200 x 512: the threaded path
@@ -42,7 +43,7 @@ def test_rope_store(heads, kv_heads, head_dim):
     cfg = ModelConfig(arch="llama", vocab_size=10, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
                       num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=1e-5,
                       rope_theta=10000.0, max_position_embeddings=512)
-    rot = Rotary(cfg, 512)
+    rot = Rotary(cfg.inv_freq(), 512)
     g = torch.Generator().manual_seed(heads)
     t = 7
     qkv = torch.randn(t, (heads + 2 * kv_heads) * head_dim, generator=g)
@@ -50,10 +51,9 @@ def test_rope_store(heads, kv_heads, head_dim):
     loc = torch.randperm(40, generator=g)[:t] + 1
     k_buf, v_buf = torch.zeros(41, kv_heads, head_dim), torch.zeros(41, kv_heads, head_dim)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-    cos = rot.cos.index_select(0, positions)[:, None]
-    sin = rot.sin.index_select(0, positions)[:, None]
-    q_ref = rot(q.reshape(t, heads, head_dim), cos, sin)
-    k_ref = rot(k.reshape(t, kv_heads, head_dim), cos, sin)
+    cos, sin = rot.gather(positions, torch.float32)
+    q_ref = rot.apply(q.reshape(t, heads, head_dim), cos, sin)
+    k_ref = rot.apply(k.reshape(t, kv_heads, head_dim), cos, sin)
     v_ref = v.reshape(t, kv_heads, head_dim).clone()
     cpu_layer_ops.rope_store(qkv, heads, kv_heads, rot.cos, rot.sin, positions, loc, k_buf, v_buf)
     torch.testing.assert_close(qkv[:, : heads * head_dim].view(t, heads, head_dim), q_ref, rtol=1e-5, atol=1e-5)

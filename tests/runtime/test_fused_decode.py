@@ -13,9 +13,9 @@ import torch
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.forward_batch import make_forward_batch
 from radixgen.runtime.executor.model_runner import ModelRunner
-from radixgen.runtime.kernels.decode_layers import FusedDecode, library
+from radixgen.runtime.kernels import ffi
 
-pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the kernels")
+pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,8 @@ def _decode_step(runner: ModelRunner, seqs: list[tuple[int, list[int]]], tokens:
 @pytest.mark.parametrize("shared", [0, 80])  # 80: every request starts with the same 80 KV slots (cascade)
 def test_fused_decode_equals_per_op_path(runner, shared):
     model, kv = runner.model, runner.token_to_kv_pool
-    assert FusedDecode.supported(model.layers, kv)
+    fused_decode = model.decode_in_c
+    assert fused_decode is not None
     g = torch.Generator().manual_seed(shared)
     prefix = torch.randint(100, 40000, (shared,), generator=g).tolist()
     prompts = [prefix + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (5, 17, 3, 40, 9)]
@@ -61,12 +62,11 @@ def test_fused_decode_equals_per_op_path(runner, shared):
     tokens = [int(t) for t in torch.randint(100, 40000, (len(seqs),), generator=g)]
     for _ in range(3):
         loc = kv.alloc(len(seqs))
-        model.fused_ops = False  # the per-op path (each layer still runs its fused C ops)
+        model.decode_in_c = None  # the per-op path (each layer still runs its fused C ops)
         per_op = _decode_step(runner, seqs, tokens, loc)
         k_per_op = [kv.k_buffer[i][loc].clone() for i in (0, len(model.layers) - 1)]
-        model.fused_ops = True
+        model.decode_in_c = fused_decode
         fused = _decode_step(runner, seqs, tokens, loc)  # rewrites the same slots
-        assert model._fused_decode is not None and model._fused_decode[1] is not None  # the C path ran
         assert torch.equal(fused, per_op)
         for i, k in zip((0, len(model.layers) - 1), k_per_op, strict=True):
             assert torch.equal(kv.k_buffer[i][loc], k)

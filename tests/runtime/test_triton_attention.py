@@ -10,7 +10,7 @@ import torch
 
 from radixgen.runtime.executor.forward_batch import ForwardBatch, make_forward_batch
 from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention
-from radixgen.runtime.layers.attention import AttentionMetadata, attention
+from radixgen.runtime.layers.attention.torch_backend import AttentionMetadata, attention
 
 TOL = 2e-3
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

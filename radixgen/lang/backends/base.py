@@ -8,21 +8,22 @@ A backend turns one `gen` / `select` of a running program into model calls. The 
     cache_prefix(text)                         prefill `text` so later calls reuse its KV (fork, run_batch)
     generate(ctx, params) -> (str | list[str], meta)          meta: prompt_tokens, cached_tokens,
                                                completion_tokens, finish_reason (+ logprobs if asked)
-    generate_stream(ctx, params) -> iterator of (delta_text, meta | None)   meta on the last item
+    generate_stream(ctx, params) -> iterator of (delta_text, meta | None)   meta so far (None if the
+                                               backend has none yet); the last one has the finish_reason
     select(ctx, choices, temperature, choices_method) -> ChoicesDecision    meta_info has the scores
-    flush_cache(); shutdown()
+    flush_cache(); shutdown(); get_model_name(); get_server_info()
 
 Role rendering: `ChatTemplate.from_apply(apply)` derives each role's begin / end strings from the
 model's own template by rendering sentinel messages and splitting on the sentinel, and detects a
 default system prompt (SmolLM2's ChatML inserts one when the first message is not a system one): it
 is emitted once, as part of the first non-system role's begin string when no system role came first.
+
+Which backend a program runs on (the default backend, wrapping an Engine) is default.py's business.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -128,47 +129,11 @@ class Backend:
     def flush_cache(self) -> None:
         return None
 
+    def get_model_name(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} does not report a model name")
+
+    def get_server_info(self) -> dict:
+        raise NotImplementedError(f"{type(self).__name__} has no server info")
+
     def shutdown(self) -> None:
         return None
-
-
-_default_backend: Backend | None = None
-_wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_wrap_lock = threading.Lock()
-
-
-def as_backend(obj: Any) -> Backend:
-    """A Backend as is; a runtime Engine (anything with .generate and .tokenizer) wrapped once."""
-    if isinstance(obj, Backend):
-        return obj
-    if hasattr(obj, "generate") and hasattr(obj, "tokenizer"):
-        from radixgen.lang.backends.engine import EngineBackend
-
-        with _wrap_lock:
-            try:
-                b = _wrapped.get(obj)
-            except TypeError:
-                return EngineBackend(obj)
-            if b is None:
-                b = _wrapped[obj] = EngineBackend(obj)
-            return b
-    raise TypeError(f"not a backend: {type(obj).__name__}; pass sgl.Engine(...), sgl.RuntimeEndpoint(url) "
-                    f"or sgl.OpenAI(model)")
-
-
-def set_default_backend(backend: Any) -> None:
-    """Use `backend` for programs run without backend=... (an Engine, RuntimeEndpoint or OpenAI)."""
-    global _default_backend
-    _default_backend = None if backend is None else as_backend(backend)
-
-
-def get_default_backend() -> Backend | None:
-    return _default_backend
-
-
-def resolve_backend(backend: Any) -> Backend:
-    if backend is not None:
-        return as_backend(backend)
-    if _default_backend is None:
-        raise ValueError("no backend: call sgl.set_default_backend(sgl.Engine()) or pass backend=... to run()")
-    return _default_backend

@@ -4,11 +4,13 @@ It is the in-process `EngineBackend` (backends/engine.py) driving a thin remote 
 Engine, so gen / select / token healing / fork make the same engine calls, and a greedy program gives
 the same result as in process:
 
-- gen: POST /generate (`"stream": true` for streaming: SSE chunks whose `text` is the delta).
+- gen: POST /generate (`"stream": true` for streaming: SSE chunks whose `text` and `output_ids` are
+  cumulative, as SGLang's server sends them; turned back into deltas here).
 - select: the shared prefix is prefilled (`max_new_tokens=0`), then ONE batched /generate with every
   prompt + choice and `return_logprob` scores all choices; the texts are tokenized in one
   POST /tokenize call first (the ids must be the server's own).
-- cache_prefix (fork, run_batch): a `max_new_tokens=0` /generate; flush_cache: POST /flush_cache.
+- cache_prefix (fork, run_batch): a `max_new_tokens=0` /generate; flush_cache: POST /flush_cache;
+  get_server_info: GET /get_server_info; get_model_name: the `model_path` of /get_model_info.
 - roles: GET /get_model_info returns the chat template text and special tokens; the template is
   rendered here with jinja2 the way HF's `apply_chat_template` does.
 
@@ -179,14 +181,32 @@ class _RemoteEngine:
                 "top_logprobs_num": top_logprobs_num, "stream": stream, "extra_key": extra_key, "rid": rid}
         body = {k: v for k, v in body.items() if v is not None}
         if stream:
-            return self.http.stream("/generate", body)
+            return _deltas(self.http.stream("/generate", body))
         return self.http.post("/generate", body)
 
     def flush_cache(self) -> bool:
-        return bool(self.http.post("/flush_cache", {}).get("success"))
+        """True once flushed; False while requests are in flight (the server answers 400 then)."""
+        try:
+            return bool(self.http.post("/flush_cache", {}).get("success"))
+        except ValueError:
+            return False
 
     def shutdown(self) -> None:  # the server outlives its clients
         return None
+
+
+def _deltas(events: Iterator[dict]) -> Iterator[dict]:
+    """The server's cumulative stream chunks as the in-process engine's delta chunks."""
+    text_pos = ids_pos = 0
+    try:
+        for event in events:
+            text, ids = event.get("text") or "", event.get("output_ids") or []
+            yield {"text": text[text_pos:], "output_ids": ids[ids_pos:], "meta_info": event["meta_info"]}
+            text_pos, ids_pos = len(text), len(ids)
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # closes the HTTP response: the server aborts the request
 
 
 class RuntimeEndpoint(EngineBackend):
@@ -209,6 +229,12 @@ class RuntimeEndpoint(EngineBackend):
 
     def flush_cache(self) -> None:
         self.engine.flush_cache()
+
+    def get_model_name(self) -> str:
+        return str(self.model_info.get("model_path") or self.model_info.get("model_name"))
+
+    def get_server_info(self) -> dict:
+        return self.http.get("/get_server_info")
 
     def shutdown(self) -> None:
         return None

@@ -21,6 +21,11 @@ its text, so the model may pick a merged token (" Paris" after a trailing space)
 stripped from the value. It needs grammar constraints in the engine (probed once) and is skipped for
 constrained gens, right after a role's begin string (the template boundary is what the model was
 trained on), after special tokens, and when a stop string could match inside the healed text.
+
+`stop_regex` (which the engine does not know): the gen streams, and once a pattern matches, the text is
+cut at the end of the match and the request is closed (aborted); meta_info's finish_reason is then
+`{"type": "stop", "matched": <pattern>}`. Logprob entries are (logprob, token id), or with
+`return_text_in_logprobs` (logprob, token id, token text) as SGLang returns them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from radixgen.common.stop_regex import StopRegex
 from radixgen.lang.backends.base import Backend, ChatTemplate, Context
 from radixgen.lang.choices import ChoicesDecision, decide, requires_unconditional
 from radixgen.lang.ir import SamplingParams
@@ -110,6 +116,20 @@ class EngineBackend(Backend):
     def flush_cache(self) -> None:
         self.engine.flush_cache()
 
+    def get_model_name(self) -> str:
+        """The model the engine was started with (its path or name; "default" for the built-in one)."""
+        return str(getattr(getattr(self.engine, "config", None), "model", None) or "default")
+
+    def get_server_info(self) -> dict:
+        """The engine's configuration and live statistics (SGLang's /get_server_info shape)."""
+        import dataclasses
+
+        from radixgen import __version__
+
+        config = getattr(self.engine, "config", None)
+        info = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}
+        return {**info, "version": __version__, "internal_states": [self.engine.get_stats()]}
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 
@@ -138,7 +158,7 @@ class EngineBackend(Backend):
 
     def _healing(self, ctx: Context, params: SamplingParams) -> tuple[list[int], str] | None:
         enabled = params.token_healing if params.token_healing is not None else self.token_healing
-        if not enabled or params.is_constrained or not ctx.text or (params.n or 1) > 1:
+        if not enabled or params.is_constrained or not ctx.text or (params.n or 1) > 1 or params.stop_regex:
             return None
         if ctx.role is not None and ctx.role_text == "":
             return None
@@ -155,38 +175,80 @@ class EngineBackend(Backend):
             return None
         return ids[:-1], healed
 
+    def _logprob_kwargs(self, params: SamplingParams) -> dict:
+        return {"return_logprob": bool(params.return_logprob), "top_logprobs_num": params.top_logprobs_num or 0,
+                "logprob_start_len": -1 if params.logprob_start_len is None else params.logprob_start_len}
+
     def generate(self, ctx: Context, params: SamplingParams) -> tuple[str | list[str], dict]:
+        if params.stop_regex:
+            if (params.n or 1) > 1:
+                raise ValueError("gen(stop_regex=...) takes n=1 (run the gen n times instead)")
+            value, meta = "", {}
+            for delta, chunk_meta in self.generate_stream(ctx, params):
+                value, meta = value + delta, chunk_meta
+            return value, meta
         kw, healed = self._prompt_kwargs(ctx, params)
-        out = self._call(**kw, return_logprob=bool(params.return_logprob),
-                         top_logprobs_num=params.top_logprobs_num or 0)
+        out = self._call(**kw, **self._logprob_kwargs(params))
         if isinstance(out, list):  # n > 1
-            metas = [o["meta_info"] for o in out]
+            metas = [self._with_token_text(o["meta_info"], params) for o in out]
             meta = {"prompt_tokens": metas[0]["prompt_tokens"], "cached_tokens": metas[0]["cached_tokens"],
                     "completion_tokens": sum(m["completion_tokens"] for m in metas), "n": metas}
             return [_strip(o["text"], healed) for o in out], meta
-        meta = dict(out["meta_info"], output_ids=out["output_ids"])
+        meta = dict(self._with_token_text(out["meta_info"], params), output_ids=out["output_ids"])
         if healed:
             meta["token_healing"] = healed
         return _strip(out["text"], healed), meta
 
     def generate_stream(self, ctx: Context, params: SamplingParams) -> Iterator[tuple[str, dict | None]]:
+        """(delta text, meta info so far) per chunk; the last chunk's meta has the finish_reason."""
         kw, healed = self._prompt_kwargs(ctx, params)
+        stop = StopRegex.from_param(params.stop_regex)
         pending = healed  # healed text still to strip from the start of the stream
-        for chunk in self.engine.generate(**kw, stream=True, return_logprob=bool(params.return_logprob),
-                                          top_logprobs_num=params.top_logprobs_num or 0):
-            text, meta = chunk["text"], chunk["meta_info"]
-            if pending:
-                k = min(len(pending), len(text))
-                if text[:k] == pending[:k]:
-                    text, pending = text[k:], pending[k:]
-                else:
-                    pending = ""
-            fr = meta.get("finish_reason")
-            if fr is not None and fr.get("type") == "abort":
-                raise RuntimeError(f"the engine aborted the request: {fr.get('message') or fr}")
-            if fr is not None and healed:
-                meta = dict(meta, token_healing=healed)
-            yield text, (meta if fr is not None else None)
+        text_so_far = ""
+        chunks = self.engine.generate(**kw, stream=True, **self._logprob_kwargs(params))
+        try:
+            for chunk in chunks:
+                text, meta = chunk["text"], self._with_token_text(chunk["meta_info"], params)
+                if pending:
+                    k = min(len(pending), len(text))
+                    if text[:k] == pending[:k]:
+                        text, pending = text[k:], pending[k:]
+                    else:
+                        pending = ""
+                fr = meta.get("finish_reason")
+                if fr is not None and fr.get("type") == "abort":
+                    raise RuntimeError(f"the engine aborted the request: {fr.get('message') or fr}")
+                match = stop.match(text_so_far + text) if stop is not None else None
+                if match is not None:
+                    yield text[: max(match.end - len(text_so_far), 0)], dict(
+                        meta, finish_reason={"type": "stop", "matched": match.pattern})
+                    return  # closing the stream aborts the request
+                text_so_far += text
+                if fr is not None and healed:
+                    meta = dict(meta, token_healing=healed)
+                yield text, meta
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+
+    def _with_token_text(self, meta: dict, params: SamplingParams) -> dict:
+        """meta_info with logprob entries as (logprob, id, text) when return_text_in_logprobs is set."""
+        if not params.return_text_in_logprobs or "output_token_logprobs" not in meta:
+            return meta
+        meta = dict(meta)
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            meta[key] = [self._entry_with_text(e) for e in meta.get(key) or []]
+        for key in ("input_top_logprobs", "output_top_logprobs"):
+            if key in meta:
+                meta[key] = [None if row is None else [self._entry_with_text(e) for e in row] for row in meta[key]]
+        return meta
+
+    def _entry_with_text(self, entry: Sequence) -> tuple:
+        lp, tid = entry[0], entry[1]
+        text = entry[2] if len(entry) > 2 and entry[2] is not None else \
+            self.tokenizer.decode([tid], skip_special_tokens=False)
+        return (lp, tid, text)
 
     def select(self, ctx: Context, choices: Sequence[str], temperature: float, choices_method: Any
                ) -> ChoicesDecision:
@@ -228,4 +290,4 @@ def _tail_logprobs(out: dict, count: int) -> list[float]:
     entries = out["meta_info"]["input_token_logprobs"][-count:] if count else []
     if len(entries) != count:
         raise RuntimeError(f"engine returned {len(entries)} prompt logprobs, expected {count}")
-    return [0.0 if lp is None else float(lp) for lp, _ in entries]
+    return [0.0 if e[0] is None else float(e[0]) for e in entries]

@@ -61,6 +61,10 @@ class OpenAI(Backend):
 
     def _kwargs(self, params: SamplingParams) -> tuple[dict, list[str]]:
         """Request arguments and the names of the non-standard fields sent in extra_body."""
+        for name in ("stop_regex", "logprob_start_len"):
+            if getattr(params, name) not in (None, ()):
+                raise ValueError(f"gen({name}=...) is not part of the OpenAI API; run this program on "
+                                 f"sgl.Engine() or sgl.RuntimeEndpoint(url) instead")
         kw: dict[str, Any] = {"model": self.model_name}
         for ours, theirs in (("max_new_tokens", "max_tokens"), ("temperature", "temperature"),
                              ("top_p", "top_p"), ("frequency_penalty", "frequency_penalty"),
@@ -86,6 +90,8 @@ class OpenAI(Backend):
             extra["min_tokens"] = params.min_new_tokens
         if params.ignore_eos:
             extra["ignore_eos"] = True
+        if params.skip_special_tokens is False:
+            extra["skip_special_tokens"] = False
         if params.stop_token_ids:
             extra["stop_token_ids"] = list(params.stop_token_ids)
         if params.regex is not None:

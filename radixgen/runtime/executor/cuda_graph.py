@@ -6,21 +6,20 @@ in `batch_sizes` over static input buffers, then each step copies its inputs int
 the batch to the next captured size and replays the graph. Padding rows decode token 0 at position 0
 of request row 0, write their K/V to the pool's padding slot 0 and are sliced off the logits.
 
-Only the Triton attention backend is captured: its decode metadata is a few device tensors (static
-buffers here) and its kernel grids depend only on the batch size. Without capture (CPU), the same
-static-buffer path runs eagerly, which is how the padding and metadata logic is tested on CPU.
+Only backends that support it are captured (`AttentionBackend.supports_cuda_graph`: Triton): their
+decode metadata is a few device tensors (static buffers here, from `graph_metadata`) and their kernel
+grids depend only on the batch size. Without capture (CPU), the same static-buffer path runs
+eagerly, which is how the padding and metadata logic is tested on CPU.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
+from torch import nn
 
+from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-
-if TYPE_CHECKING:
-    from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.layers.attention.base import AttentionBackend
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -28,28 +27,22 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 22
 class DecodeGraphRunner:
     """Replays captured decode forwards for batches of at most `max(batch_sizes)` decode rows."""
 
-    def __init__(self, runner: ModelRunner, batch_sizes: tuple[int, ...], capture: bool) -> None:
-        from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata  # lazy: triton
-
-        if runner.attention.name != "triton":
-            raise ValueError("decode graphs need the triton attention backend")
-        self.runner = runner
+    def __init__(self, model: nn.Module, pool: TokenToKVPool, req_to_token_pool: ReqToTokenPool,
+                 backend: AttentionBackend, batch_sizes: tuple[int, ...], capture: bool) -> None:
+        if not backend.supports_cuda_graph:
+            raise ValueError(f"decode graphs need an attention backend that supports them, not {backend.name}")
+        self.model, self.pool, self.backend = model, pool, backend
+        self.req_to_token = req_to_token_pool.device_table
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
-        dev = runner.device
+        dev = self.req_to_token.device
         new = lambda: torch.zeros(self.max_bs, dtype=torch.int64, device=dev)  # noqa: E731
         self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices = new(), new(), new(), new()
         self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)  # [max_bs]
         self.rows = torch.arange(self.max_bs, dtype=torch.int64, device=dev)  # [max_bs] logits rows / qo_start
-        # decode metadata over the static buffers (a decode token's position is its prefix length)
-        self._meta = {
-            bs: TritonAttentionMetadata(
-                runner.req_to_token_pool.device_table, self.req_pool_indices[:bs], self.rows[:bs],
-                self.positions[:bs], torch.ones(bs, dtype=torch.int64, device=dev), self.seq_lens[:bs],
-                max_extend=1, is_decode=True, num_kv_splits=8,
-            )
-            for bs in self.batch_sizes
-        }
+        self._meta = {bs: backend.graph_metadata(self.req_to_token, self.req_pool_indices[:bs], self.rows[:bs],
+                                                 self.positions[:bs], self.seq_lens[:bs])
+                      for bs in self.batch_sizes}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         if capture:
             self._capture()
@@ -62,9 +55,7 @@ class DecodeGraphRunner:
         )
 
     def _run(self, bs: int) -> torch.Tensor:  # [bs, V] float32
-        r = self.runner
-        return r.model(self._static_batch(bs), r.token_to_kv_pool, r.req_to_token_pool.device_table, r.attention,
-                       self._meta[bs])
+        return self.model(self._static_batch(bs), self.pool, self.req_to_token, self.backend, self._meta[bs])
 
     def _capture(self) -> None:
         pool = None

@@ -1,6 +1,13 @@
-"""ModelRunner: owns the model and the KV pools; turns a ForwardBatch into logits."""
+"""ModelRunner: owns the model and the KV pools; turns a ForwardBatch into logits.
+
+Under tensor parallelism every rank has one over its shard (`tp`): its KV heads in the pool, dense
+matrices (no GGUF blocks), no CUDA graphs; `runtime/distributed/` drives the ranks in lockstep.
+"""
 
 from __future__ import annotations
+
+import logging
+import time
 
 import torch
 
@@ -8,54 +15,69 @@ from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels import block_gemm
-from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
+from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.layers.attention import get_attention_backend
-from radixgen.runtime.layers.packed_linear import can_pack
+from radixgen.runtime.layers.linear import can_pack, can_use_blocks
+from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
-from radixgen.runtime.models.loader import load_gguf_blocks, load_model_weights
+from radixgen.runtime.models.loader import load_gguf_blocks, open_checkpoint
 from radixgen.runtime.models.resolve import resolve_model_path
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:
-    """Loads weights into our LlamaModel and allocates the request-slot and KV pools."""
+    """Loads weights into our LlamaModel, picks its representations for the device, and allocates
+    the request-slot and KV pools."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tp: TensorParallel | None = None) -> None:
         self.engine_config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
         self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        model_config, weights = load_model_weights(config.model)
+        t0 = time.perf_counter()
+        path = resolve_model_path(config.model)
+        logger.info("loading %s (%s on %s)", path, config.dtype, config.device)
+        model_config, checkpoint = open_checkpoint(config.model)
         self.model_config: ModelConfig = model_config
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
-        model = LlamaModel(model_config, self.context_length)
-        model.load_hf_weights(weights)
-        del weights
+        model = LlamaModel(model_config, self.context_length, tp)
+        model.load_weights(checkpoint)
+        del checkpoint
+        logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
-        if can_pack(self.device, self.dtype):
-            self.model.pack_weights()
-        if cpu_layer_ops.available(self.device, self.dtype):
-            self.model.use_fused_ops()
-        path = resolve_model_path(config.model)
-        if (path.suffix == ".gguf" and self.device.type == "cpu" and self.dtype == torch.float32
-                and not config.disable_block_kernels and block_gemm.library() is not None):
-            self.model.set_block_weights(load_gguf_blocks(path, model_config))
+        blocks = None
+        if (path.suffix == ".gguf" and tp is None and not config.disable_block_kernels
+                and can_use_blocks(self.device, self.dtype)):
+            blocks = load_gguf_blocks(path, model_config)
+        self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
+                              c_kernels=layer_ops.available(self.device, self.dtype))
+        logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
+                    model_config.num_layers, model_config.vocab_size)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
-            config.max_total_tokens, mc.num_layers, mc.num_kv_heads, mc.head_dim, self.dtype, self.device
+            config.max_total_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.dtype, self.device
         )
+        self.model.bind_kv_pool(self.token_to_kv_pool)
         self.decode_graphs: DecodeGraphRunner | None = None
-        if self.device.type == "cuda" and self.attention.name == "triton" and not config.disable_cuda_graph:
+        if (self.device.type == "cuda" and tp is None and self.attention.supports_cuda_graph
+                and not config.disable_cuda_graph):
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
-            self.decode_graphs = DecodeGraphRunner(self, sizes, capture=True)
+            self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
+                                                   self.attention, sizes, capture=True)
+        logger.info("paths: %s %s on %s, attention %s, C kernels %s, %d block-weight matrices, one-call C decode %s, "
+                    "CUDA graphs %s", model_config.arch, config.dtype, self.device, self.attention.name,
+                    ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
+                    "on" if self.model.decode_in_c is not None else "off",
+                    "on" if self.decode_graphs is not None else "off")
 
     @property
     def vocab_size(self) -> int:
@@ -67,3 +89,6 @@ class ModelRunner:
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             return self.decode_graphs.forward(fb)
         return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention)
+
+    def close(self) -> None:
+        """Release what outlives the engine's threads (nothing in one process; the ranks under TP)."""

@@ -10,8 +10,8 @@ rows 41 vs 41 ms; the Q8_0 head at 1 row 1.0 vs 4.4 ms, 16 rows 4.7 vs 5.7 ms. `
 up to BLOCK_MAX_ROWS rows here. Each output sums its products in one order whatever the row count, so
 within that range a request's logits do not depend on its batch-mates.
 
-The C file is built on first use (`cpu_kernels`); `library()` returns None if that fails, and the
-model then runs dense GEMMs only.
+The C file is built on first use (`ffi.library()` is None if that fails, and the model then runs
+dense GEMMs only).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from radixgen.runtime.kernels import build as cpu_kernels
+from radixgen.runtime.kernels import ffi
 
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel beats the dense GEMM
@@ -98,6 +98,12 @@ class PanelWeight:
     def shape(self) -> tuple[int, int]:
         return self.n, self.scale.shape[1] * BLOCK
 
+    @functools.cached_property
+    def struct(self) -> ffi.BlockWeightC:
+        """The C view (rg_block_weight) of these tensors (built once; they must not be replaced)."""
+        minv = self.minv.data_ptr() if self.minv is not None else None
+        return ffi.BlockWeightC(self.bits, self.qs.data_ptr(), self.scale.data_ptr(), minv)
+
 
 def pack_panels(w: BlockWeight) -> PanelWeight:
     """`w` in the kernel's panel layout (a copy; `w` is unchanged)."""
@@ -126,14 +132,9 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
                        cat([p.minv for p in parts]))
 
 
-_ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-
-
-@functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, or None if no compiler can build it (see `cpu_kernels.load`)."""
-    return cpu_kernels.load({"block_gemm": (ctypes.c_int, _ARGS)})
+    """The compiled kernels, or None if no compiler can build them."""
+    return ffi.library()
 
 
 def use_blocks(x: torch.Tensor) -> bool:
@@ -141,19 +142,18 @@ def use_blocks(x: torch.Tensor) -> bool:
     return x.shape[0] <= BLOCK_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
 
 
-def block_linear(x: torch.Tensor, w: PanelWeight) -> torch.Tensor:
-    """x [M, k] float32 (CPU) @ W^T -> [M, n] float32. Needs `library()`."""
+def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x [M, k] float32 (CPU) @ W^T -> [M, n] float32. `lib`: the kernel library to run (default
+    the native one; tests pass the scalar reference)."""
     n, k = w.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32:
         raise ValueError(f"block_linear: x must be float32 [M, {k}], got {x.dtype} {list(x.shape)}")
-    lib = library()
+    lib = lib or library()
     if lib is None:
         raise RuntimeError("block_linear: the block kernel could not be built (see the log)")
     x = x.contiguous()
     y = torch.empty((x.shape[0], n), dtype=torch.float32)
-    minv = w.minv.data_ptr() if w.minv is not None else None
-    rc = lib.block_gemm(w.bits, x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.scale.data_ptr(), minv, n,
-                        y.data_ptr(), torch.get_num_threads())
+    rc = lib.block_gemm(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"block_gemm failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")
     return y

@@ -8,33 +8,17 @@ gathers plus 0.4 ms of SDPA per layer). The C kernel reads each key and value on
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from radixgen.runtime.kernels import build as cpu_kernels
+from radixgen.runtime.kernels import ffi
 
 KV_DTYPES = (torch.float32, torch.bfloat16)
 
 
-_P, _I = ctypes.c_void_p, ctypes.c_int64
-SIGNATURES: cpu_kernels.Signatures = {
-    "decode_attention": (ctypes.c_int, [_P, _P, _P, ctypes.c_int, _P, _I, _P, _P, _I, _I, _I, _I, _I, ctypes.c_float,
-                                        _P, _P, ctypes.c_int]),
-    "shared_prefix_attention": (ctypes.c_int, [_P, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, ctypes.c_float, _P,
-                                               _P, ctypes.c_int]),
-    "shared_prefix_supported": (ctypes.c_int, []),
-}
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    return cpu_kernels.load(SIGNATURES)
-
-
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:
     """Whether decode attention can run in C for this KV device and dtype."""
-    return device.type == "cpu" and dtype in KV_DTYPES and library() is not None
+    return device.type == "cpu" and dtype in KV_DTYPES and ffi.library() is not None
 
 
 def decode_attention(
@@ -47,17 +31,19 @@ def decode_attention(
     scale: float,
     start: int = 0,
     return_lse: bool = False,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """[B, H * D] in q's dtype: attention over each request's keys start .. seq_len. With
     `return_lse`: (out [B, H, D] float32, log-sum-exp of the scores [B, H] float32), to merge with
-    attention over the first `start` keys."""
+    attention over the first `start` keys. `lib`: the kernel library (default the native one;
+    tests pass the scalar reference)."""
     b, h, d = q.shape
     h_kv = k_buffer.shape[1]
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
         raise ValueError(f"decode_attention: K/V must be float32 or bfloat16, got {k_buffer.dtype}/{v_buffer.dtype}")
     if req_to_token.dtype != torch.int64 or not req_to_token.is_contiguous():
         raise ValueError("decode_attention: req_to_token must be a contiguous int64 table")
-    lib = library()
+    lib = lib or ffi.library()
     if lib is None:
         raise RuntimeError("decode_attention: the C kernel could not be built (see the log)")
     qf = q.float().contiguous()
@@ -77,12 +63,6 @@ def decode_attention(
     return out.view(b, h * d).to(q.dtype)
 
 
-def shared_prefix_supported() -> bool:
-    """Whether the shared-prefix (cascade) kernel is built in (it needs AVX2)."""
-    lib = library()
-    return lib is not None and bool(lib.shared_prefix_supported())
-
-
 def shared_prefix_decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k_buffer: torch.Tensor,  # [N, Hkv, D]
@@ -92,16 +72,18 @@ def shared_prefix_decode_attention(
     seq_lens: torch.Tensor,  # [B] int64
     shared: torch.Tensor,  # [C] int64 KV slots every request starts with
     scale: float,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:  # [B, H * D], q's dtype
     """Cascade decode attention: every request's queries against the shared prefix together (each
     shared key read once per 24 queries, outer products), the rest per request, merged by
     log-sum-exp. 16 decodes on a shared 1000-token prefix: the per-request kernel alone re-reads the
     prefix 16 times."""
     b, h, d = q.shape
+    lib = lib or ffi.library()
     out, lse_own = decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, start=shared.numel(),
-                                    return_lse=True)  # [B, H, D], [B, H]
+                                    return_lse=True, lib=lib)  # [B, H, D], [B, H]
     shared, qf = shared.contiguous(), q.float().contiguous()  # held: the C call reads their memory
-    rc = library().shared_prefix_attention(
+    rc = lib.shared_prefix_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
         int(k_buffer.dtype == torch.bfloat16), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
         out.data_ptr(), lse_own.data_ptr(), torch.get_num_threads(),

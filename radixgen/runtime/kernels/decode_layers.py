@@ -3,92 +3,84 @@
 The per-op float32 CPU path already runs every GEMM, attention and per-token op in C, but calls
 them from Python: ~12 ctypes calls a layer, each 5-10 us of argument checks, tensor allocation and
 GIL traffic, 2-4 ms of a SmolLM2 decode step (9 ms at batch 1). `decode_layers` runs the same kernels
-in the same order, so its result is bitwise the per-op path's. It takes a table of every layer's
-weight and KV-buffer pointers, built once per KV pool.
+in the same order, so its result is bitwise the per-op path's. It takes an array of every layer's
+weight and KV-buffer pointers (`rg_layer` structs, built once per KV pool) and one `rg_decode_step`.
+The model assembles the layers (`LlamaModel.bind_kv_pool`); this module knows no model.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
+from dataclasses import dataclass
 
 import torch
 
-from radixgen.radix_cache.memory_pool import TokenToKVPool
-from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels import build as cpu_kernels
+from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels.block_gemm import BLOCK_MAX_ROWS, PanelWeight
-from radixgen.runtime.layers.attention import AttentionMetadata, DecodeCall
-
-MATRICES = ("qkv", "o_proj", "gate_up", "down")  # in the table's order (csrc/decode_layers.c F_*)
-
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-SIGNATURES: cpu_kernels.Signatures = {
-    "decode_layers": (ctypes.c_int, [_P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P, _P, _P, _P, _I, _P, _P, _P,
-                                     _I, ctypes.c_int]),
-    "decode_layers_fields": (ctypes.c_int, []),
-}
 
 
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    return cpu_kernels.load(SIGNATURES)
+@dataclass
+class LayerWeights:
+    """One decoder layer's tensors as the C step reads them (float32 CPU, block matrices)."""
+
+    input_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]
+    k_buffer: torch.Tensor  # [N, Hkv, D]
+    v_buffer: torch.Tensor  # [N, Hkv, D]
+    qkv: PanelWeight
+    o: PanelWeight
+    gate_up: PanelWeight
+    down: PanelWeight
 
 
-def _ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
+@dataclass(frozen=True)
+class DecodeDims:
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    eps: float
+    scale: float
 
 
-class FusedDecode:
-    """The layer table of one model over one KV pool, and the call that runs a decode step on it."""
+class DecodeLayers:
+    """The layer array of one model over one KV pool, and the call that runs a decode step on it."""
 
-    def __init__(self, layers: torch.nn.ModuleList, pool: TokenToKVPool) -> None:
-        rows = []
-        for layer in layers:
-            row = [_ptr(layer.input_norm), _ptr(layer.post_attn_norm), _ptr(pool.k_buffer[layer.layer_id]),
-                   _ptr(pool.v_buffer[layer.layer_id])]
-            for name in MATRICES:
-                w: PanelWeight = layer._blocks[name]
-                row += [w.bits, _ptr(w.qs), _ptr(w.scale), _ptr(w.minv)]
-            rows.append(row)
-        self.table = torch.tensor(rows, dtype=torch.int64)  # [layers, fields]; the tensors it points to live
-        # as long as the model and the pool, which own this object
-        if self.table.shape[1] != library().decode_layers_fields():
-            raise RuntimeError("decode_layers: the layer table does not match csrc/decode_layers.c")
-        first = layers[0]
-        self.dims = (first.num_heads, first.num_kv_heads, first.head_dim, first._blocks["down"].shape[1])
-        self.eps, self.scale = first.eps, first.scale
+    max_rows = BLOCK_MAX_ROWS  # decode rows up to which the block GEMMs (and so this path) apply
 
-    @staticmethod
-    def supported(layers: torch.nn.ModuleList, pool: TokenToKVPool) -> bool:
-        """Whether every layer runs fused ops on block weights (no qkv bias: GGUF llama) over a float32
-        CPU pool."""
-        return (library() is not None and pool.k_buffer[0].dtype == torch.float32
-                and pool.k_buffer[0].device.type == "cpu"
-                and all(layer.fused_ops and layer.qkv_bias is None and all(n in layer._blocks for n in MATRICES)
-                        for layer in layers))
+    def __init__(self, layers: list[LayerWeights], dims: DecodeDims) -> None:
+        ptr = lambda t: t.data_ptr()  # noqa: E731
+        self.layers = layers  # holds the tensors the structs point to
+        self.table = (ffi.LayerC * len(layers))(*[
+            ffi.LayerC(ptr(w.input_norm), ptr(w.post_norm), ptr(w.k_buffer), ptr(w.v_buffer), w.qkv.struct, w.o.struct,
+                       w.gate_up.struct, w.down.struct)
+            for w in layers])
+        self.dims = dims
 
     @staticmethod
-    def call_of(h: torch.Tensor, meta: object) -> DecodeCall | None:
-        """The step's single decode call if this step is pure decode within the block kernel's rows."""
-        if not isinstance(meta, AttentionMetadata) or len(meta.calls) != 1 or h.shape[0] > BLOCK_MAX_ROWS:
-            return None
-        call = meta.calls[0]
-        return call if isinstance(call, DecodeCall) and call.rows is None else None
+    def available() -> bool:
+        return ffi.library() is not None
 
-    def run(self, h: torch.Tensor, fb: ForwardBatch, call: DecodeCall, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """h [T, hidden] float32 (contiguous) through every layer, in place."""
+    def run(self, h: torch.Tensor, positions: torch.Tensor, loc: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            req_to_token: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
+            shared: torch.Tensor | None, lib: ctypes.CDLL | None = None) -> None:
+        """h [T, hidden] float32 (contiguous) through every layer, in place. Token t decodes request
+        row rows[t] at positions[t] (K/V to slot loc[t]) over seq_lens[t] keys of req_to_token;
+        `shared`: KV slots every request starts with (the cascade), or None. `lib`: the kernel
+        library (default the native one; tests pass the scalar reference)."""
         t, hidden = h.shape
-        heads, kv_heads, head_dim, inter = self.dims
-        shared = call.shared.contiguous() if call.shared is not None else None
+        d = self.dims
         # held until the call returns: C reads their memory
-        positions, loc = fb.positions.contiguous(), fb.out_cache_loc.contiguous()
-        rows, seq_lens = call.req_rows.contiguous(), call.seq_lens.contiguous()
-        rc = library().decode_layers(
-            self.table.data_ptr(), self.table.shape[0], h.data_ptr(), t, hidden, heads, kv_heads, head_dim, inter,
-            self.eps, self.scale, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), loc.data_ptr(),
-            call.req_to_token.data_ptr(), call.req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(),
-            _ptr(shared), 0 if shared is None else shared.numel(), torch.get_num_threads(),
-        )
+        positions, loc = positions.contiguous(), loc.contiguous()
+        rows, seq_lens = rows.contiguous(), seq_lens.contiguous()
+        shared = shared.contiguous() if shared is not None else None
+        step = ffi.DecodeStepC(
+            tokens=t, hidden=hidden, heads=d.heads, kv_heads=d.kv_heads, head_dim=d.head_dim, inter=d.inter,
+            eps=d.eps, scale=d.scale, cos_t=cos.data_ptr(), sin_t=sin.data_ptr(), positions=positions.data_ptr(),
+            loc=loc.data_ptr(), req_to_token=req_to_token.data_ptr(), table_stride=req_to_token.shape[1],
+            rows=rows.data_ptr(), seq_lens=seq_lens.data_ptr(), shared=None if shared is None else shared.data_ptr(),
+            n_shared=0 if shared is None else shared.numel())
+        rc = (lib or ffi.library()).decode_layers(ctypes.byref(self.table), len(self.layers), h.data_ptr(),
+                                                  ctypes.byref(step), torch.get_num_threads())
         if rc != 0:
-            raise RuntimeError(f"decode_layers failed ({t} tokens, heads {heads}/{kv_heads}, or out of memory)")
+            raise RuntimeError(f"decode_layers failed ({t} tokens, heads {d.heads}/{d.kv_heads}, or out of memory)")

@@ -1,33 +1,19 @@
 """Fused per-token layer ops for the float32 CPU forward (`csrc/layer_ops.c`): residual add +
 RMSNorm, SiLU(gate) * up, and rotary embedding + K/V store. Each replaces several torch ops whose
-dispatch, not arithmetic, dominates at decode batch sizes."""
+dispatch, not arithmetic, dominates at decode batch sizes. `lib` arguments pick the kernel library
+(default: the native one; tests pass the scalar reference)."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from radixgen.runtime.kernels import build as cpu_kernels
-
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-
-
-SIGNATURES: cpu_kernels.Signatures = {
-    "add_rms_norm": (None, [_P, _P, _P, _I, _I, _F, _P, ctypes.c_int]),
-    "silu_mul": (None, [_P, _I, _I, _P, ctypes.c_int]),
-    "rope_store": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P, _P, ctypes.c_int]),
-}
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    return cpu_kernels.load(SIGNATURES)
+from radixgen.runtime.kernels import ffi
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.float32 and library() is not None
+    return device.type == "cpu" and dtype == torch.float32 and ffi.library() is not None
 
 
 def _check(name: str, *tensors: torch.Tensor) -> None:
@@ -36,22 +22,23 @@ def _check(name: str, *tensors: torch.Tensor) -> None:
             raise ValueError(f"{name}: tensors must be contiguous CPU tensors")
 
 
-def add_rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None) -> torch.Tensor:
+def add_rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None,
+                 lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """h [T, n] float32 (updated in place to h + delta when delta is given) -> RMSNorm(h) * weight [T, n]."""
     _check("add_rms_norm", h, weight, *([delta] if delta is not None else []))
     t, n = h.shape
     out = torch.empty_like(h)
-    library().add_rms_norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), t, n, eps,
-                           out.data_ptr(), torch.get_num_threads())
+    (lib or ffi.library()).add_rms_norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
+                                        t, n, eps, out.data_ptr(), torch.get_num_threads())
     return out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """[T, 2 I] = [gate | up] float32 -> silu(gate) * up [T, I]."""
     _check("silu_mul", gate_up)
     t, two_i = gate_up.shape
     out = gate_up.new_empty((t, two_i // 2))
-    library().silu_mul(gate_up.data_ptr(), t, two_i // 2, out.data_ptr(), torch.get_num_threads())
+    (lib or ffi.library()).silu_mul(gate_up.data_ptr(), t, two_i // 2, out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -65,10 +52,12 @@ def rope_store(
     loc: torch.Tensor,  # [T] int64 KV slots
     k_buffer: torch.Tensor,  # [N, Hkv, D]
     v_buffer: torch.Tensor,  # [N, Hkv, D]
+    lib: ctypes.CDLL | None = None,
 ) -> None:
     """Rotary embedding of q and k heads (in place) and the store of k, v at their KV slots."""
     _check("rope_store", qkv, cos, sin, positions, loc, k_buffer, v_buffer)
     t = qkv.shape[0]
     d = k_buffer.shape[2]
-    library().rope_store(qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(), positions.data_ptr(),
-                         loc.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), torch.get_num_threads())
+    (lib or ffi.library()).rope_store(qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(),
+                                      positions.data_ptr(), loc.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
+                                      torch.get_num_threads())

@@ -2,182 +2,159 @@
 (qkv bias) and Qwen3 (per-head q/k RMSNorm). GQA, rotary embeddings (HF "rotate half" layout),
 RMSNorm, SwiGLU, optionally tied embeddings.
 
-The forward pass takes a ForwardBatch (mixed extend/decode, variable lengths) and reads/writes K/V
-through the TokenToKVPool. q/k/v and gate/up projections are fused into one matmul each.
+A step's tokens (mixed extend/decode, variable lengths: a ForwardBatch) run through the layers with
+K/V read and written through the TokenToKVPool. q/k/v and gate/up projections are fused into one
+matrix each. The weights load as plain tensors; `specialize` then picks each layer's
+representations for the device (oneDNN-packed or GGUF-block linears, C per-token ops), and
+`bind_kv_pool` sets up the one-call C decode step where it applies.
+
+Under tensor parallelism (`tp`) each rank builds the same model over its shard (`sharding.py`): its
+query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
+embedding and lm_head vocab-parallel (`layers/parallel.py`). The one-call C decode is off there (the
+all-reduces between layers cannot happen inside one C call); every other path is unchanged.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
-from radixgen.runtime.kernels.block_gemm import (
-    BlockWeight,
-    PanelWeight,
-    block_linear,
-    concat_rows,
-    pack_panels,
-    use_blocks,
+from radixgen.runtime.kernels.block_gemm import BlockWeight, concat_rows
+from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from radixgen.runtime.layers.attention.base import AttentionBackend
+from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
+from radixgen.runtime.layers.linear import BlockLinear, DenseLinear, Linear, specialize
+from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
+from radixgen.runtime.layers.parallel import (
+    RowParallelLinear,
+    ShardedLinear,
+    TensorParallel,
+    VocabParallelHead,
+    embed_lookup,
 )
-from radixgen.runtime.kernels.decode_layers import FusedDecode
-from radixgen.runtime.layers.attention import AttentionBackend
-from radixgen.runtime.layers.packed_linear import pack_parameter, pack_weight, packed_linear
+from radixgen.runtime.layers.rotary import Rotary
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.loader import Checkpoint
+from radixgen.runtime.models.sharding import ShardPlan
 
 
-class Rotary(nn.Module):
-    """cos/sin tables for all positions up to max_len, HF rotate-half layout."""
+def _row_parallel(linear: DenseLinear, tp: TensorParallel | None) -> Linear:
+    return linear if tp is None else RowParallelLinear(linear, tp.comm)
 
-    def __init__(self, config: ModelConfig, max_len: int) -> None:
+
+def _dense(m: Linear) -> DenseLinear:
+    """The loaded weight of a matrix (inside its tensor-parallel wrapper, if any)."""
+    return m.inner if isinstance(m, ShardedLinear) else m
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, tp: TensorParallel | None) -> None:
         super().__init__()
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), config.inv_freq())  # [P, D/2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.gate_up = DenseLinear(hidden, 2 * inter)  # this rank's columns of gate and up
+        self.act = SiluAndMul()
+        self.down = _row_parallel(DenseLinear(inter, hidden), tp)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [T, H, D]; cos/sin: [T, 1, D/2]
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate_up(x)))  # [T, hidden]
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, c: ModelConfig, layer_id: int, plan: ShardPlan, tp: TensorParallel | None) -> None:
         super().__init__()
-        c = config
-        self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.eps = c.rms_norm_eps
-        self.scale = c.head_dim**-0.5
-        self.input_norm = nn.Parameter(torch.ones(c.hidden_size))
-        self.post_attn_norm = nn.Parameter(torch.ones(c.hidden_size))
-        self.qkv = nn.Parameter(torch.empty(self.q_size + 2 * self.kv_size, c.hidden_size))
-        self.qkv_bias = nn.Parameter(torch.zeros(self.q_size + 2 * self.kv_size)) if c.qkv_bias else None
-        self.q_norm = nn.Parameter(torch.ones(c.head_dim)) if c.qk_norm else None
-        self.k_norm = nn.Parameter(torch.ones(c.head_dim)) if c.qk_norm else None
-        self.o_proj = nn.Parameter(torch.empty(c.hidden_size, self.q_size))
-        self.gate_up = nn.Parameter(torch.empty(2 * c.intermediate_size, c.hidden_size))
-        self.down = nn.Parameter(torch.empty(c.hidden_size, c.intermediate_size))
-        self._packed: dict[str, torch.Tensor] = {}  # oneDNN-packed copies of the matrices (CPU)
-        self._blocks: dict[str, PanelWeight] = {}  # GGUF-block copies for decoding (CPU float32)
-        self.fused_ops = False  # per-token ops through `cpu_layer_ops` (CPU float32, no q/k norm)
+        q_size, kv_size = plan.heads * c.head_dim, plan.kv_heads * c.head_dim  # this rank's heads
+        self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.qkv = DenseLinear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
+        self.attn = Attention(layer_id, plan.heads, plan.kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None)
+        self.o_proj = _row_parallel(DenseLinear(q_size, c.hidden_size), tp)
+        self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = MLP(c.hidden_size, plan.intermediate, tp)
 
-    def pack_weights(self) -> None:
-        """Replace the four matrices by oneDNN-packed copies (see `packed_linear`); one-way."""
-        self._packed = {name: pack_parameter(getattr(self, name)) for name in ("qkv", "o_proj", "gate_up", "down")}
+    def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """hidden [T, hidden] (the residual stream) -> the same after this layer."""
+        o = self.attn(self.qkv(self.input_norm(hidden)), ctx)  # [T, q]
+        hidden, x = self.post_attn_norm.add(hidden, self.o_proj(o))
+        return hidden.add_(self.mlp(x))
 
-    def set_block_weights(self, blocks: dict[str, BlockWeight], prefix: str) -> None:
-        """Keep GGUF-block copies of the matrices whose parts are all in `blocks` in one format."""
-        a = prefix + "self_attn."
-        parts = {"qkv": [a + "q_proj", a + "k_proj", a + "v_proj"], "o_proj": [a + "o_proj"],
-                 "gate_up": [prefix + "mlp.gate_proj", prefix + "mlp.up_proj"], "down": [prefix + "mlp.down_proj"]}
-        for name, hf_names in parts.items():
-            found = [blocks.get(n + ".weight") for n in hf_names]
-            fused = concat_rows(found) if all(found) else None
-            if fused is not None:
-                self._blocks[name] = pack_panels(fused)
+    def use_c_kernels(self) -> None:
+        """Per-token ops in C (CPU float32); layers with q/k norms keep the torch path."""
+        c = self.attn.can_rope_in_c
+        self.input_norm.in_c = self.post_attn_norm.in_c = self.mlp.act.in_c = self.attn.rope_in_c = c
 
-    def _linear(self, x: torch.Tensor, name: str, bias: torch.Tensor | None = None) -> torch.Tensor:
-        block = self._blocks.get(name)
-        if block is not None and use_blocks(x):
-            y = block_linear(x, block)
-            return y if bias is None else y + bias
-        if self._packed:
-            return packed_linear(x, self._packed[name], bias)
-        return F.linear(x, getattr(self, name), bias)
 
-    def forward(
-        self,
-        h: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor | None,  # [T, 1, D/2] (None for fused layers)
-        sin: torch.Tensor | None,
-        rotary: Rotary,
-        fb: ForwardBatch,
-        attn: AttentionBackend,
-        meta: object,
-        pool: TokenToKVPool,
-    ) -> torch.Tensor:
-        if self.fused_ops:
-            return self._forward_fused(h, rotary, fb, attn, meta, pool)
-        t = h.shape[0]
-        x = F.rms_norm(h, (h.shape[-1],), self.input_norm, self.eps)
-        qkv = self._linear(x, "qkv", self.qkv_bias)  # [T, q + 2 kv]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
-            k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
-        q, k = rotary(q, cos, sin), rotary(k, cos, sin)
-        pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
-        o = attn.forward(q, pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id], meta, self.scale)
-        h = h + self._linear(o, "o_proj")  # [T, hidden]
-        x = F.rms_norm(h, (h.shape[-1],), self.post_attn_norm, self.eps)
-        gate, up = self._linear(x, "gate_up").chunk(2, dim=-1)  # [T, inter] each
-        return h + self._linear(F.silu(gate) * up, "down")
-
-    def _forward_fused(self, h: torch.Tensor, rotary: Rotary, fb: ForwardBatch, attn: AttentionBackend, meta: object,
-                       pool: TokenToKVPool) -> torch.Tensor:
-        """`forward` with the per-token ops fused in C; h [T, hidden] is updated in place."""
-        t = h.shape[0]
-        ops = cpu_layer_ops
-        qkv = self._linear(ops.add_rms_norm(h, self.input_norm, self.eps), "qkv", self.qkv_bias)  # [T, q + 2 kv]
-        k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
-        ops.rope_store(qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, fb.positions,
-                       fb.out_cache_loc, k_buf, v_buf)
-        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
-        o = attn.forward(q, k_buf, v_buf, meta, self.scale)  # [T, q]
-        x = ops.add_rms_norm(h, self.post_attn_norm, self.eps, delta=self._linear(o, "o_proj"))  # h += o_proj(o)
-        return h.add_(self._linear(ops.silu_mul(self._linear(x, "gate_up")), "down"))
+def layer_matrices(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
+    """Each fused matrix of a layer: module path -> the HF weights stacked into it, in order, with the
+    (rows, columns) of each that this rank holds (None: all)."""
+    q, kv, mlp = plan.q_rows(), plan.kv_rows(), plan.mlp_rows()
+    return {
+        "qkv": [("self_attn.q_proj", q, None), ("self_attn.k_proj", kv, None), ("self_attn.v_proj", kv, None)],
+        "o_proj": [("self_attn.o_proj", None, q)],
+        "mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
+        "mlp.down": [("mlp.down_proj", None, mlp)],
+    }
 
 
 class LlamaModel(nn.Module):
     """Decoder-only transformer; `forward` returns logits for `fb.logits_indices` rows."""
 
-    def __init__(self, config: ModelConfig, max_len: int) -> None:
+    def __init__(self, config: ModelConfig, max_len: int, tp: TensorParallel | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = nn.Parameter(torch.ones(config.hidden_size))
-        self.lm_head = None if config.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
-        self.rotary = Rotary(config, max_len)
-        self._packed_head: torch.Tensor | None = None
-        self._block_head: PanelWeight | None = None
-        self.fused_ops = False  # every layer fused (`use_fused_ops`): no per-step cos/sin gather
-        self._fused_decode: tuple[TokenToKVPool, FusedDecode | None] | None = None  # (pool, its C decode or None)
+        self.tp = tp
+        self.plan = ShardPlan(config, tp.rank, tp.size) if tp is not None else ShardPlan(config)
+        self.embed = nn.Parameter(torch.empty(self.plan.vocab, config.hidden_size))  # this rank's vocabulary rows
+        self.layers = nn.ModuleList(DecoderLayer(config, i, self.plan, tp) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        head = DenseLinear(config.hidden_size, self.plan.vocab)
+        if config.tie_word_embeddings:
+            head.weight = self.embed
+        self.lm_head: Linear = head if tp is None else VocabParallelHead(head, tp.comm, config.vocab_size)
+        self.rotary = Rotary(config.inv_freq(), max_len)
+        self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
 
-    def use_fused_ops(self) -> None:
-        """Run the per-token ops of every layer through `cpu_layer_ops` (CPU, float32; layers with
-        q/k norms keep the torch path)."""
-        for layer in self.layers:
-            layer.fused_ops = layer.q_norm is None
-        self.fused_ops = all(layer.fused_ops for layer in self.layers)
-
-    def set_block_weights(self, blocks: dict[str, BlockWeight]) -> None:
-        """Decode through GGUF-block copies of the matrices found in `blocks` (HF names); see
-        `block_gemm`. Larger batches (prefill) keep using the dense weights."""
+    def specialize(self, pack: bool, blocks: dict[str, BlockWeight] | None, c_kernels: bool) -> None:
+        """Pick the representations to run in (once, after loading): oneDNN-packed matrices
+        (`pack`), GGUF-block copies for small batches (`blocks`, HF names), C per-token ops."""
+        blocks = blocks or {}
+        if blocks and self.tp is not None:
+            raise ValueError("GGUF block weights are not sharded: tensor-parallel ranks run dense shards")
         for i, layer in enumerate(self.layers):
-            layer.set_block_weights(blocks, f"model.layers.{i}.")
-        head = "model.embed_tokens.weight" if self.lm_head is None else "lm_head.weight"
-        self._block_head = pack_panels(blocks[head]) if head in blocks else None
+            for path, specs in layer_matrices(self.plan).items():
+                parent, _, attr = path.rpartition(".")
+                owner = layer.get_submodule(parent) if parent else layer
+                found = [blocks.get(f"model.layers.{i}.{n}.weight") for n, _, _ in specs]
+                fused = concat_rows(found) if all(found) else None
+                setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack))
+            if c_kernels:
+                layer.use_c_kernels()
+        tied = self.config.tie_word_embeddings
+        head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
+        self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied)
 
     @property
     def block_weight_count(self) -> int:
-        """How many matrices have a block copy (layers' fused matrices plus the head)."""
-        return sum(len(layer._blocks) for layer in self.layers) + (self._block_head is not None)
+        """How many matrices run on GGUF blocks (layers' fused matrices plus the head)."""
+        return sum(isinstance(m, BlockLinear) for m in self.modules())
 
-    def pack_weights(self) -> None:
-        """Prepack every matrix for oneDNN (CPU, float32/bfloat16): about 1.5-2x faster GEMMs at
-        small batch than `F.linear` here. The embedding stays plain for the token lookup."""
-        for layer in self.layers:
-            layer.pack_weights()
-        # a tied head shares the embedding, which the token lookup still needs in plain layout
-        self._packed_head = pack_weight(self.embed.detach()) if self.lm_head is None else pack_parameter(self.lm_head)
+    def bind_kv_pool(self, pool: TokenToKVPool) -> None:
+        """Set up the one-call C decode step over `pool` where it applies: a float32 CPU pool and every
+        layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
+        self.decode_in_c = None
+        k0 = pool.k_buffer[0]
+        if self.tp is not None or not DecodeLayers.available() or k0.dtype != torch.float32 or k0.device.type != "cpu":
+            return
+        weights = []
+        for i, layer in enumerate(self.layers):
+            mats = (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down)
+            if not (layer.attn.rope_in_c and layer.qkv.bias is None and all(isinstance(m, BlockLinear) for m in mats)):
+                return
+            weights.append(LayerWeights(layer.input_norm.weight, layer.post_attn_norm.weight, pool.k_buffer[i],
+                                        pool.v_buffer[i], *(m.panels for m in mats)))
+        a, mlp = self.layers[0].attn, self.layers[0].mlp
+        dims = DecodeDims(a.num_heads, a.num_kv_heads, a.head_dim, mlp.down.in_features, self.config.rms_norm_eps,
+                          a.scale)
+        self.decode_in_c = DecodeLayers(weights, dims)
 
     @torch.inference_mode()
     def forward(
@@ -185,66 +162,61 @@ class LlamaModel(nn.Module):
         fb: ForwardBatch,
         pool: TokenToKVPool,
         req_to_token: torch.Tensor,
-        attn: AttentionBackend,
+        backend: AttentionBackend,
         meta: object | None = None,
     ) -> torch.Tensor:
         """Logits [L, V] (float32) of `fb.logits_indices`; `meta`: prebuilt attention metadata
         (a CUDA graph's static one), else built from `fb`."""
         if meta is None:
-            meta = attn.build(fb, req_to_token)
-        h = self.embed.index_select(0, fb.input_ids)  # [T, hidden]
-        cos = sin = None  # fused layers read the full tables in C
-        if not self.fused_ops:
-            cos = self.rotary.cos.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)  # [T, 1, D/2]
-            sin = self.rotary.sin.index_select(0, fb.positions).unsqueeze(1).to(h.dtype)
-        call = FusedDecode.call_of(h, meta) if self.fused_ops else None
-        fused = self._decode_in_c(pool) if call is not None else None
-        if fused is not None:
-            fused.run(h, fb, call, self.rotary.cos, self.rotary.sin)
+            meta = backend.init_metadata(fb, req_to_token)
+        h = embed_lookup(self.embed, fb.input_ids, self.tp)  # [T, hidden]
+        call = backend.decode_step(meta) if self.decode_in_c is not None else None
+        if call is not None and h.shape[0] <= self.decode_in_c.max_rows:
+            self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
+                                 call.req_rows, call.seq_lens, call.shared)
         else:
+            ctx = ForwardContext(fb, pool, backend, meta, self.rotary)
+            if not all(layer.attn.rope_in_c for layer in self.layers):
+                ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
             for layer in self.layers:
-                h = layer(h, cos, sin, self.rotary, fb, attn, meta, pool)
+                h = layer(h, ctx)
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
-        h = F.rms_norm(h, (h.shape[-1],), self.norm, self.config.rms_norm_eps)
-        if self._block_head is not None and use_blocks(h):
-            return block_linear(h, self._block_head)  # [L, V]
-        if self._packed_head is not None:
-            return packed_linear(h, self._packed_head).float()  # [L, V]
-        head = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(h, head).float()  # [L, V]
+        return self.lm_head(self.norm(h)).float()  # [L, V]
 
-    def _decode_in_c(self, pool: TokenToKVPool) -> FusedDecode | None:
-        """The runner of all layers in one C call for decode steps over `pool`, if it applies (see
-        `fused_decode`); decided once per pool."""
-        if self._fused_decode is None or self._fused_decode[0] is not pool:
-            fused = FusedDecode(self.layers, pool) if FusedDecode.supported(self.layers, pool) else None
-            self._fused_decode = (pool, fused)
-        return self._fused_decode[1]
-
-    def load_hf_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Copy HF-named tensors into our fused parameters (fails loudly on missing names)."""
-
-        def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise KeyError(f"weight {name!r} missing from the checkpoint")
-            return weights[name]
-
+    def load_weights(self, ckpt: Checkpoint) -> None:
+        """Copy this rank's part of the HF-named checkpoint tensors into our fused parameters (reading
+        only that part; fails loudly on missing names)."""
+        plan = self.plan
+        vocab = plan.vocab_rows()
         with torch.no_grad():
-            self.embed.copy_(take("model.embed_tokens.weight"))
-            self.norm.copy_(take("model.norm.weight"))
-            if self.lm_head is not None:
-                self.lm_head.copy_(take("lm_head.weight"))
+            _copy_rows(self.embed, ckpt.get("model.embed_tokens.weight", rows=vocab))
+            self.norm.weight.copy_(ckpt.get("model.norm.weight"))
+            if not self.config.tie_word_embeddings:
+                _copy_rows(_dense(self.lm_head).weight, ckpt.get("lm_head.weight", rows=vocab))
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
-                a = p + "self_attn."
-                layer.input_norm.copy_(take(p + "input_layernorm.weight"))
-                layer.post_attn_norm.copy_(take(p + "post_attention_layernorm.weight"))
-                layer.qkv.copy_(torch.cat([take(a + f"{n}_proj.weight") for n in "qkv"]))
-                if layer.qkv_bias is not None:
-                    layer.qkv_bias.copy_(torch.cat([take(a + f"{n}_proj.bias") for n in "qkv"]))
-                if layer.q_norm is not None:
-                    layer.q_norm.copy_(take(a + "q_norm.weight"))
-                    layer.k_norm.copy_(take(a + "k_norm.weight"))
-                layer.o_proj.copy_(take(a + "o_proj.weight"))
-                layer.gate_up.copy_(torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]))
-                layer.down.copy_(take(p + "mlp.down_proj.weight"))
+                layer.input_norm.weight.copy_(ckpt.get(p + "input_layernorm.weight"))
+                layer.post_attn_norm.weight.copy_(ckpt.get(p + "post_attention_layernorm.weight"))
+                matrices = layer_matrices(plan)
+                if layer.qkv.bias is not None:
+                    layer.qkv.bias.copy_(torch.cat([ckpt.get(p + n + ".bias", rows=r) for n, r, _ in matrices["qkv"]]))
+                if layer.attn.q_norm is not None:
+                    layer.attn.q_norm.copy_(ckpt.get(p + "self_attn.q_norm.weight"))
+                    layer.attn.k_norm.copy_(ckpt.get(p + "self_attn.k_norm.weight"))
+                for path, specs in matrices.items():
+                    parts = [ckpt.get(p + n + ".weight", rows=r, cols=c) for n, r, c in specs]
+                    _dense(layer.get_submodule(path)).weight.copy_(torch.cat(parts))
+
+
+def _specialize(m: Linear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False) -> Linear:
+    """`specialize` for a plain matrix or for the matrix inside a tensor-parallel wrapper."""
+    if isinstance(m, ShardedLinear):
+        m.inner = specialize(m.inner, blocks, pack, keep_dense)
+        return m
+    return specialize(m, blocks, pack, keep_dense)
+
+
+def _copy_rows(param: torch.Tensor, rows: torch.Tensor) -> None:
+    """Copy `rows` into the first rows of `param`; zero the rest (a padded last vocabulary shard)."""
+    param[: rows.shape[0]].copy_(rows)
+    param[rows.shape[0] :].zero_()

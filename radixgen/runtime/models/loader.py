@@ -1,17 +1,22 @@
 """Weight loading: HF directories (config.json + *.safetensors) and GGUF files.
 
-Both produce a `ModelConfig` and a dict of HF-named float tensors. GGUF tensors are dequantized
-with the `gguf` package; llama's attn_q / attn_k are stored permuted for llama.cpp's rotary layout
-and are un-permuted here. Dequantized GGUF weights are cached as safetensors in the user cache dir
-(dequantizing all of SmolLM2's 272 tensors takes ~5 s; reading the cache well under 1 s).
+Both give a `ModelConfig` and a `Checkpoint` of HF-named float tensors read lazily from safetensors
+files, so a tensor-parallel rank reads only its slices. GGUF tensors are dequantized with the `gguf`
+package; llama's attn_q / attn_k are stored permuted for llama.cpp's rotary layout and are un-permuted
+here. Dequantized GGUF weights are cached as safetensors in the user cache dir (dequantizing all of
+SmolLM2's 272 tensors takes ~5 s; reading the cache well under 1 s), which is what the checkpoint
+reads. `load_gguf_blocks` reads the quantized blocks themselves for the block kernels.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
+import time
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -19,6 +24,7 @@ from radixgen.runtime.kernels.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, f
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
 
+logger = logging.getLogger(__name__)
 GGUF_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -35,25 +41,46 @@ GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm
 WEIGHTS_CACHE_NAME = "weights.safetensors"
 
 
-def load_model_weights(model: str | os.PathLike | None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Resolve `model` and return its config and HF-named float32/bf16 tensors."""
+class Checkpoint(Protocol):
+    """HF-named weights, read by part: a tensor-parallel rank reads only its rows or columns."""
+
+    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        """Tensor `name` (rows `rows`, columns `cols` of a matrix; None: all); KeyError if missing."""
+
+
+class SafetensorsCheckpoint:
+    """Tensors in safetensors files, memory-mapped: `get` reads only the slice asked for."""
+
+    def __init__(self, files: list[Path]) -> None:
+        from safetensors import safe_open
+
+        self._where = {}
+        for f in files:
+            handle = safe_open(str(f), framework="pt")
+            self._where.update((name, handle) for name in handle.keys())  # noqa: SIM118 (not a dict)
+
+    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        handle = self._where.get(name)
+        if handle is None:
+            raise KeyError(f"weight {name!r} missing from the checkpoint")
+        if rows is None and cols is None:
+            return handle.get_tensor(name)
+        part = handle.get_slice(name)
+        return part[rows or slice(None)] if cols is None else part[rows or slice(None), cols]
+
+
+def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Checkpoint]:
+    """Resolve `model` and return its config and its HF-named float32/bf16 weights (read lazily).
+    A GGUF is dequantized once into a safetensors cache (see `gguf_weights_file`)."""
     path = resolve_model_path(model)
     if path.is_dir():
-        return load_hf_dir(path)
-    return load_gguf(path)
-
-
-def load_hf_dir(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
-
-    config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
-    return config, weights
+        config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
+        return config, SafetensorsCheckpoint(files)
+    config = gguf_config(gguf_reader(path))
+    return config, SafetensorsCheckpoint([gguf_weights_file(path, config)])
 
 
 def gguf_reader(path: Path):
@@ -143,15 +170,19 @@ def load_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, BlockWeight]:
     return blocks
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def gguf_weights_file(path: Path, config: ModelConfig) -> Path:
+    """The GGUF's weights dequantized to float32 HF-named tensors in a safetensors file in the user
+    cache dir, written on first use (q/k rows un-permuted)."""
     import gguf
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
-    reader = gguf_reader(path)
-    config = gguf_config(reader)
     cache = cache_dir_for(path) / WEIGHTS_CACHE_NAME
     if cache.is_file():
-        return config, load_file(str(cache))
+        return cache
+    reader = gguf_reader(path)
+    logger.info("dequantizing %d GGUF tensors of %s (first load of this file; cached in %s)", len(reader.tensors),
+                path.name, cache.parent)
+    t0 = time.perf_counter()
     weights: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         qtype = t.tensor_type.name
@@ -172,4 +203,5 @@ def load_gguf(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     tmp = cache.with_suffix(f".tmp{os.getpid()}")
     save_file(weights, str(tmp))
     os.replace(tmp, cache)
-    return config, weights
+    logger.info("dequantized in %.1f s", time.perf_counter() - t0)
+    return cache

@@ -33,7 +33,7 @@ def plan_jump(req: Req) -> Jump | None:
         return None
     tok = req.detok.tokenizer
     out = req.output_ids
-    tree_owned = max(req.locked_len - len(req.input_ids), 0)  # output tokens whose KV the tree holds
+    tree_owned = max(req.kv.locked_len - len(req.input_ids), 0)  # output tokens whose KV the tree holds
     start = max(len(out) - JUMP_TAIL_TOKENS, tree_owned, 0)
     tail = out[start:]
     tail_text = tok.decode(tail, skip_special_tokens=False)

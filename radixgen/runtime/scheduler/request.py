@@ -1,4 +1,10 @@
-"""Req: one sequence's state inside the scheduler, and how it finished."""
+"""Req: one sequence's state inside the scheduler, and how it finished.
+
+A request's KV bookkeeping lives in one `KVState` object that only the KV manager
+(`kv_manager.py`) writes, and its overlap-schedule bookkeeping in one `Flight` object that the
+scheduler loop updates when it launches a batch and when it processes the batch's results (and a
+jump-forward marks in-flight results stale).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,55 @@ class FinishReason:
 
 
 @dataclass
+class KVState:
+    """Where a request's KV lives (written by the KV manager only).
+
+    While the request holds a row of req_to_token (`pool_idx`), `req_to_token[pool_idx, :kv_len]`
+    are the KV slots of `fill_ids[:kv_len]` scheduled so far, of which the first `done_kv_len` are
+    computed. The first `locked_len` slots belong to the radix tree, locked at `last_node`.
+    """
+
+    pool_idx: int | None = None
+    kv_len: int = 0
+    done_kv_len: int = 0
+    locked_len: int = 0
+    last_node: TreeNode | None = None
+    matched: torch.Tensor | None = None  # tree slots matched at admission, copied into the row on admit
+    truncate_to: int | None = None  # KV length to cut back to once nothing is in flight (jump-forward)
+
+
+@dataclass
+class Flight:
+    """The overlap schedule's view of a request.
+
+    `batches` launched batches hold the request; `pending` tokens sampled by them are not yet known
+    to the scheduler, the latest at row `pending_ref` of its batch's sampled tokens (a later batch's
+    input placeholder points there); `skip` results are to be discarded because a jump-forward
+    replaced their inputs.
+    """
+
+    batches: int = 0
+    pending: int = 0
+    pending_ref: int = -1
+    skip: int = 0
+
+    @property
+    def idle(self) -> bool:
+        return self.batches == 0
+
+    def launch(self, samples: bool, ref: int) -> None:
+        self.batches += 1
+        if samples:
+            self.pending += 1
+            self.pending_ref = ref
+
+    def land(self, sampled: bool) -> None:
+        self.batches -= 1
+        if sampled:
+            self.pending -= 1
+
+
+@dataclass
 class Req:
     """A request's tokens, cache state and output channel."""
 
@@ -45,21 +100,8 @@ class Req:
     extra_key: str | None = None
     stream: bool = False
     output_ids: list[int] = field(default_factory=list)
-    # KV state: req_to_token[pool_idx, :kv_len] holds KV slots of fill_ids[:kv_len] (scheduled;
-    # computed up to done_kv_len); the first `locked_len` belong to the radix tree (locked at
-    # `last_node`). `inflight` batches hold this request; `pending` sampled tokens are not yet
-    # known to this thread (overlap schedule), the latest at row `pending_ref` of its batch.
-    pool_idx: int | None = None
-    kv_len: int = 0
-    done_kv_len: int = 0
-    inflight: int = 0
-    pending: int = 0
-    pending_ref: int = -1
-    skip_results: int = 0  # in-flight results to discard (their inputs were replaced by a jump-forward)
-    kv_truncate: int | None = None  # KV length to cut back to once nothing is in flight
-    locked_len: int = 0
-    last_node: TreeNode | None = None
-    prefix_slots: torch.Tensor | None = None  # KV slots matched in the tree at admission
+    kv: KVState = field(default_factory=KVState)
+    flight: Flight = field(default_factory=Flight)
     cached_tokens: int = 0
     sent_ids: int = 0  # output ids already streamed
     finished: FinishReason | None = None
@@ -71,6 +113,7 @@ class Req:
     output_logprobs: list[tuple[float, int]] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     created: float = field(default_factory=time.perf_counter)
+    scheduled_time: float | None = None  # first admitted to the running batch (its queue wait ends)
     first_token_time: float | None = None
     last_token_time: float | None = None
 
@@ -92,37 +135,43 @@ class Req:
     @property
     def known_len(self) -> int:
         """Sequence length counting sampled tokens still in flight."""
-        return self.seq_len + self.pending
+        return self.seq_len + self.flight.pending
 
     @property
     def extend_len(self) -> int:
         """Tokens to compute before the next token can be sampled."""
-        return self.known_len - self.kv_len
+        return self.known_len - self.kv.kv_len
 
     @property
     def is_decoding(self) -> bool:
         """Past the prompt: the next step feeds back the last sampled token."""
-        return bool(self.output_ids or self.pending) and self.extend_len == 1
+        return self.is_decode_from(self.kv.kv_len)
+
+    def is_decode_from(self, kv_len: int) -> bool:
+        """Whether a step computing from KV length `kv_len` is a decode (one fed-back sampled token)."""
+        return bool(self.output_ids or self.flight.pending) and self.known_len - kv_len == 1
 
     @property
     def wants_more(self) -> bool:
         """Whether another token may follow (max_new_tokens not yet reached counting in-flight ones)."""
-        return len(self.output_ids) + self.pending < self.params.max_new_tokens
+        return len(self.output_ids) + self.flight.pending < self.params.max_new_tokens
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs are asked for and the prompt is not computed yet."""
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids
 
     def prefix_cap(self) -> int:
         """Longest prefix that may come from the cache: at least one token must be computed to
         get logits, and prompt logprobs from `logprob_start_len` need the logits before it."""
         cap = self.seq_len - 1
-        if self.return_logprob and self.logprob_start_len >= 0 and not self.output_ids:
+        if self.wants_prompt_logprobs:
             cap = min(cap, max(self.logprob_start_len - 1, 0))
         return cap
 
     def radix_key(self, length: int | None = None) -> RadixKey:
         ids = self.fill_ids
         return RadixKey(ids if length is None else ids[:length], self.extra_key)
-
-    def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
-        return req_to_token[self.pool_idx, : self.kv_len].clone()
 
     def meta_info(self) -> dict[str, Any]:
         m: dict[str, Any] = {
@@ -132,6 +181,9 @@ class Req:
             "cached_tokens": self.cached_tokens,
             "finish_reason": self.finished.to_dict() if self.finished else None,
             "e2e_latency": time.perf_counter() - self.created,
+            # SGLang's names; None until the request is scheduled / has its first token
+            "queue_time": None if self.scheduled_time is None else self.scheduled_time - self.created,
+            "first_token_latency": None if self.first_token_time is None else self.first_token_time - self.created,
         }
         if self.grammar is not None:
             m.update(self.grammar.meta())  # grammar_backend, grammar_warnings

@@ -4,15 +4,10 @@ Routes (OpenAI-compatible unless noted):
 
 - POST /v1/chat/completions (chat.py), POST /v1/completions (completions.py), GET /v1/models[/{id}]
 - GET /health: 200 while serving, 503 once shutting down
-- POST /generate (native): the engine's `async_generate` arguments as JSON (`text` or `input_ids`,
-  `sampling_params`, `return_logprob`, `logprob_start_len`, `top_logprobs_num`, `rid`, `extra_key`);
-  returns the engine's dict (a list for several prompts or n > 1). With `"stream": true` it answers
-  Server-Sent Events, one engine chunk per event, whose `text` and `output_ids` are DELTAS (the new
-  text / ids since the previous event, exactly as the engine's own stream), then `data: [DONE]`.
-- POST /flush_cache: `{"success": bool}` (false while requests are in flight: poll)
-- GET /metrics: Prometheus text (metrics_text.py); GET /stats: the same numbers as JSON
-- GET /get_model_info: model name and path, context length, the chat template text and special tokens
-  (what `RuntimeEndpoint` needs to render roles client-side); POST /tokenize, POST /detokenize
+- SGLang's native routes (native.py): POST /generate, GET /get_model_info, GET /get_server_info,
+  POST /concate_and_append_request, GET|POST /flush_cache, POST /abort_request, POST /tokenize, ...
+- GET /metrics: Prometheus text with SGLang's metric names (runtime/observability/); GET /stats: the
+  engine's own counters as JSON
 
 Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 for invalid parameters
 (pydantic's 422 is turned into 400) and prompts over the context length (code
@@ -27,271 +22,30 @@ ASGI `http.disconnect` message and cancel it, which aborts the request too.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import StreamingResponse
 
-from radixgen.common.byte_vocab import gpt2_byte_decoder
+from radixgen.runtime.observability import exposition
+from radixgen.runtime.observability.observer import served_model_name
+from radixgen.runtime.observability.tracing import TraceContextMiddleware
+from radixgen.runtime.server import chat, completions, native
+from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
     APIError,
-    DetokenizeRequest,
-    GenerateRequest,
     ModelCard,
     ModelList,
-    TokenizeRequest,
     bad_request,
     error_from_value_error,
 )
+from radixgen.runtime.server.state import ServerState
 
 logger = logging.getLogger("radixgen.server")
-T = TypeVar("T")
 OPEN_PATHS = frozenset({"/health"})  # reachable without the API key
-
-
-class ServerState:
-    """What every handler shares: the engine, the served name, the key, the draining flag."""
-
-    def __init__(self, engine: Any, model_name: str, api_key: str | None) -> None:
-        self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.model_name = model_name
-        self.api_key = api_key
-        self.draining = False
-        self._pieces: dict[int, tuple[str, list[int]]] = {}
-        self._byte_decoder: dict[str, int] | None = None
-        self._special: set[int] = set()
-        self._template_uses_tools: bool | None = None
-
-    # ---- checks
-    def check_model(self, name: str | None) -> None:
-        if name and name not in self.aliases():
-            raise APIError(404, f"The model {name!r} does not exist; this server serves {self.model_name!r}",
-                           "invalid_request_error", "model", "model_not_found")
-
-    def aliases(self) -> set[str]:
-        names = {self.model_name, "default"}
-        path = getattr(getattr(self.engine, "config", None), "model", None)
-        if path:
-            names.add(str(path))
-        return names
-
-    def check_context(self, ids: list[int], param: str = "messages") -> None:
-        limit = self.engine.context_length
-        if len(ids) >= limit:
-            raise bad_request(f"This model's maximum context length is {limit} tokens, but the prompt has "
-                              f"{len(ids)} tokens; shorten the prompt", param, "context_length_exceeded")
-
-    def room(self, ids: list[int]) -> int:
-        return max(self.engine.context_length - len(ids), 0)
-
-    # ---- engine calls
-    async def generate(self, request: Request, constraint_param: str | None = None, **kw: Any) -> Any:
-        """`engine.async_generate(**kw)` (non-streaming), cancelled if the client disconnects;
-        `constraint_param` is the request field a grammar error is blamed on."""
-        out = await until_disconnect(request, engine_call(self.engine.async_generate(**kw), constraint_param))
-        for o in out if isinstance(out, list) else [out]:
-            check_finish(o["meta_info"])
-        return out
-
-    async def open_streams(self, request: Request, kws: list[dict], constraint_param: str | None = None
-                           ) -> list[tuple[dict, AsyncIterator[dict]]]:
-        """Start streaming requests (admitted together) and wait for each one's first chunk, so that
-        input errors still get a proper status code; returns (first chunk, iterator) pairs."""
-        its = [await engine_call(self.engine.async_generate(stream=True, **kw), constraint_param) for kw in kws]
-        try:
-            firsts = await until_disconnect(request, asyncio.gather(
-                *(engine_call(it.__anext__(), constraint_param) for it in its), return_exceptions=True))
-            for f in firsts:
-                if isinstance(f, BaseException):
-                    raise f
-                check_finish(f["meta_info"])
-        except BaseException:
-            for it in its:
-                await it.aclose()
-            raise
-        return list(zip(firsts, its, strict=True))
-
-    async def precache(self, ids: list[int], extra_key: str | None = None) -> None:
-        """Prefill a prompt that several streams share, so they reuse its KV (n > 1)."""
-        cfg = getattr(self.engine, "config", None)
-        if not getattr(cfg, "disable_radix_cache", False):
-            await engine_call(self.engine.async_generate(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                                                         extra_key=extra_key))
-
-    # ---- token text for logprobs
-    def piece(self, tid: int) -> tuple[str, list[int]]:
-        """(text, utf-8 bytes) of one token, as OpenAI's logprobs report them."""
-        hit = self._pieces.get(tid)
-        if hit is not None:
-            return hit
-        hf = getattr(self.tokenizer, "hf", None)
-        tok = hf.convert_ids_to_tokens(tid) if hf is not None else None
-        if self._byte_decoder is None:
-            self._byte_decoder = gpt2_byte_decoder()
-            self._special = set(getattr(hf, "all_special_ids", ()) or ())
-        if isinstance(tok, str) and tok and tid not in self._special and all(c in self._byte_decoder for c in tok):
-            raw = bytes(self._byte_decoder[c] for c in tok)
-            text = raw.decode("utf-8", errors="replace")
-        else:
-            text = self.tokenizer.decode([tid], skip_special_tokens=False)
-            raw = text.encode("utf-8")
-        out = (text, list(raw))
-        self._pieces[tid] = out
-        return out
-
-    def template_uses_tools(self) -> bool:
-        """Whether the chat template renders a `tools=` argument (else chat.py describes tools itself)."""
-        if self._template_uses_tools is None:
-            msgs = [{"role": "user", "content": "x"}]
-            tool = {"type": "function", "function": {"name": "probe_fn_zq", "description": "d",
-                                                     "parameters": {"type": "object", "properties": {}}}}
-            try:
-                with_tools = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tools=[tool])
-                plain = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-                self._template_uses_tools = "probe_fn_zq" in with_tools and with_tools != plain
-            except Exception:
-                self._template_uses_tools = False
-        return self._template_uses_tools
-
-
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-
-
-async def engine_call(aw: Awaitable[T], constraint_param: str | None = None) -> T:
-    """Await an engine call, turning its input errors into 400s and a closed engine into 503."""
-    try:
-        return await aw
-    except APIError:
-        raise
-    except ValueError as e:
-        raise error_from_value_error(e, constraint_param) from None
-    except RuntimeError as e:
-        if "shut down" in str(e):
-            raise APIError(503, "the server is shutting down", "server_unavailable", None, "shutting_down") from None
-        raise
-
-
-def check_finish(meta: dict) -> None:
-    """Raise for a request the engine aborted before producing output worth returning."""
-    fr = meta.get("finish_reason")
-    if not fr or fr.get("type") != "abort":
-        return
-    raise abort_error(fr)
-
-
-def abort_error(fr: dict) -> APIError:
-    msg = fr.get("message") or "the request was aborted"
-    if "shut down" in msg:
-        return APIError(503, "the server is shutting down", "server_unavailable", None, "shutting_down")
-    return APIError(500, msg, "server_error", None, "aborted")
-
-
-async def until_disconnect(request: Request, aw: Awaitable[T]) -> T:
-    """Await `aw` unless the client disconnects first; then cancel it (the engine aborts the request)."""
-    task = asyncio.ensure_future(aw)
-    watch = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait({task})
-        raise
-    finally:
-        watch.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    await asyncio.wait({task})  # let the cancellation run (it aborts the engine request) before moving on
-    raise APIError(499, "client disconnected", "client_closed_request")
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-def sse(obj: Any) -> bytes:
-    """One SSE event. Pydantic chunks drop None fields, except each choice's `finish_reason`, which
-    OpenAI's stream chunks always carry (null until the last one)."""
-    if hasattr(obj, "model_dump"):
-        obj = obj.model_dump(exclude_none=True)
-        for choice in obj.get("choices", ()):
-            choice.setdefault("finish_reason", None)
-    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-class SSEResponse(StreamingResponse):
-    """Server-Sent Events whose body iterator is always closed, also when the client disconnects
-    (closing it closes the engine stream, which aborts the request)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, content: AsyncIterator[bytes]) -> None:
-        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    async def stream_response(self, send: Any) -> None:
-        try:
-            await super().stream_response(send)
-        finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-
-async def merge_streams(streams: list[tuple[dict, AsyncIterator[dict]]]) -> AsyncIterator[tuple[int, dict]]:
-    """Yield (index, chunk) from several primed engine streams as chunks arrive; close all at the end."""
-    if len(streams) == 1:
-        first, it = streams[0]
-        try:
-            yield 0, first
-            if first["meta_info"]["finish_reason"] is None:
-                async for chunk in it:
-                    yield 0, chunk
-        finally:
-            await it.aclose()
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, first: dict, it: AsyncIterator[dict]) -> None:
-        try:
-            await queue.put((i, first))
-            if first["meta_info"]["finish_reason"] is None:
-                async for chunk in it:
-                    await queue.put((i, chunk))
-        except BaseException as e:  # surfaced to the consumer
-            await queue.put((i, e))
-            raise
-        finally:
-            await it.aclose()
-
-    tasks = [asyncio.ensure_future(pump(i, f, it)) for i, (f, it) in enumerate(streams)]
-    open_ = len(streams)
-    try:
-        while open_:
-            i, item = await queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item["meta_info"]["finish_reason"] is not None:
-                open_ -= 1
-            yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -329,17 +83,19 @@ class _Gate:
         return None
 
 
-def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None) -> FastAPI:
-    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`."""
-    from radixgen.runtime.server import chat, completions, metrics_text
-
+def create_app(engine: Any, api_key: str | None = None, model_name: str | None = None,
+               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
+    """A FastAPI app serving `engine`; `model_name` is the id clients pass as `model`; the parsers are
+    the `--tool-call-parser` / `--reasoning-parser` names (parsers/)."""
     if model_name is None:
-        path = getattr(getattr(engine, "config", None), "model", None)
-        model_name = str(path).rstrip("/").rsplit("/", 1)[-1] if path else "smollm2-135m-instruct"
-    state = ServerState(engine, model_name, api_key)
+        model_name = served_model_name(getattr(getattr(engine, "config", None), "model", None))
+    engine.observer.set_labels(model_name=model_name)
+    state = ServerState(engine, model_name, api_key, tool_format_named(tool_call_parser),
+                        reasoning_format_named(reasoning_parser))
     app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.radixgen = state
     app.add_middleware(_Gate, state=state)
+    app.add_middleware(TraceContextMiddleware)  # an HTTP request's traceparent parents its engine spans
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, e: APIError) -> JSONResponse:
@@ -379,65 +135,17 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
         card = ModelCard(id=state.model_name, root=state.model_name, max_model_len=engine.context_length)
         return JSONResponse(card.model_dump())
 
-    @app.get("/get_model_info")
-    async def model_info() -> Response:
-        tok = state.tokenizer
-        hf = getattr(tok, "hf", None)
-        return JSONResponse({
-            "model_name": state.model_name,
-            "model_path": str(getattr(getattr(engine, "config", None), "model", None) or ""),
-            "context_length": engine.context_length,
-            "vocab_size": getattr(tok, "vocab_size", None),
-            "chat_template": getattr(tok, "chat_template", None),
-            "special_tokens_map": dict(getattr(hf, "special_tokens_map", {}) or {}),
-            "bos_token_id": getattr(hf, "bos_token_id", None),
-            "eos_token_ids": list(tok.eos_token_ids),
-            "all_special_ids": list(getattr(hf, "all_special_ids", []) or []),
-        })
-
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> Response:
-        texts = [req.text] if isinstance(req.text, str) else req.text
-        ids = [state.tokenizer.encode(t, add_special_tokens=req.add_special_tokens) for t in texts]
-        return JSONResponse({"tokens": ids[0] if isinstance(req.text, str) else ids})
-
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> Response:
-        return JSONResponse({"text": state.tokenizer.decode(req.tokens, skip_special_tokens=req.skip_special_tokens)})
-
-    @app.post("/generate")
-    async def generate(req: GenerateRequest, request: Request) -> Response:
-        kw = dict(prompt=req.text, input_ids=req.input_ids, sampling_params=req.sampling_params,
-                  return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                  top_logprobs_num=req.top_logprobs_num, extra_key=req.extra_key, rid=req.rid)
-        if not req.stream:
-            out = await until_disconnect(request, engine_call(engine.async_generate(**kw), "sampling_params"))
-            return JSONResponse(out)
-        streams = await state.open_streams(request, [kw], "sampling_params")
-
-        async def events() -> AsyncIterator[bytes]:
-            async for _, chunk in merge_streams(streams):
-                yield sse(chunk)
-            yield SSE_DONE
-
-        return SSEResponse(events())
-
-    @app.post("/flush_cache")
-    async def flush_cache() -> Response:
-        ok = await asyncio.to_thread(engine.flush_cache)
-        return JSONResponse({"success": bool(ok), "message": "cache flushed" if ok else
-                             "requests are in flight; the cache was not flushed (retry when idle)"})
-
     @app.get("/metrics")
     async def metrics() -> Response:
-        stats = await asyncio.to_thread(engine.get_stats)
-        return PlainTextResponse(metrics_text.render(stats, state.model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        await asyncio.to_thread(engine.observer.refresh)
+        body, content_type = exposition.render(engine.observer.metrics.registry)
+        return Response(body, media_type=content_type)
 
     @app.get("/stats")
     async def stats() -> Response:
-        return JSONResponse(metrics_text.to_json(await asyncio.to_thread(engine.get_stats)))
+        return JSONResponse(exposition.stats_json(await asyncio.to_thread(engine.get_stats)))
 
     chat.register(app, state)
     completions.register(app, state)
+    native.register(app, state)
     return app

@@ -5,17 +5,15 @@ gives `n` choices, indexed prompt-major (choice `p * n + k`). `echo` prepends th
 `logprobs: N` returns the legacy `{tokens, token_logprobs, top_logprobs (N per token), text_offset}`
 (with `echo`, the prompt's tokens too: its first token has no logprob). `max_tokens` defaults to 16
 as in OpenAI's API. `suffix` is not supported; `best_of` must equal `n`. The radixgen extensions
-(`top_k`, `min_p`, `regex`, `json_schema`, `ebnf`, ...) ride in the body as for chat.
+(`top_k`, `min_p`, `regex`, `json_schema`, `ebnf`, ...) ride in the body as for chat. Streamed or not,
+the answer goes through serving.py's one code path: the non-streamed choice is its deltas folded.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-from radixgen.runtime.server.app import SSE_DONE, ServerState, SSEResponse, abort_error, merge_streams, sse
 from radixgen.runtime.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -26,6 +24,8 @@ from radixgen.runtime.server.protocol import (
     new_id,
     now,
 )
+from radixgen.runtime.server.serving import Output, Plan, TokenLogprobs, expand, respond
+from radixgen.runtime.server.state import ServerState
 
 
 def register(app: FastAPI, state: ServerState) -> None:
@@ -90,6 +90,60 @@ def _finish(fr: dict | None) -> str | None:
     return None if fr is None else ("length" if fr["type"] == "length" else "stop")
 
 
+class CompletionOutput(Output):
+    """Engine chunks of each choice -> legacy completion deltas -> chunks or one response."""
+
+    def __init__(self, state: ServerState, req: CompletionRequest, prompts: list[tuple[list[int], str]]) -> None:
+        self.state, self.echo, self.n = state, req.echo, req.n
+        self.want_lp, self.top_n = req.logprobs is not None, req.logprobs or 0
+        self.prompts = [prompts[i // req.n] for i in range(len(prompts) * req.n)]  # per choice
+        self.accs = [LegacyLogprobs(state, 0 if req.echo else len(text), self.top_n) for _, text in self.prompts]
+        self.started = [False] * len(self.prompts)
+        self.id, self.created, self.model = new_id("cmpl"), now(), state.model_name
+
+    def step(self, index: int, chunk: dict, logprobs: TokenLogprobs | None) -> list[CompletionChoice]:
+        meta, text = chunk["meta_info"], chunk["text"]
+        first, self.started[index] = not self.started[index], True
+        lp = None
+        if self.want_lp:
+            assert logprobs is not None
+            entries = list(logprobs.entries)
+            tops = list(logprobs.tops or []) if self.top_n else None
+            if self.echo and first:
+                entries = list(meta.get("input_token_logprobs", [])) + entries
+                if tops is not None:
+                    ids = self.prompts[index][0]
+                    tops = list(meta.get("input_top_logprobs") or [None] * len(ids)) + tops
+            lp = self.accs[index].build(entries, tops)
+        if self.echo and first:
+            text = self.prompts[index][1] + text
+        fr = meta["finish_reason"]
+        if not text and lp is None and fr is None:
+            return []
+        return [CompletionChoice(index=index, text=text, logprobs=lp, finish_reason=_finish(fr))]
+
+    def chunk(self, deltas: list[CompletionChoice], usage: Usage | None = None) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=deltas, usage=usage)
+
+    def response(self, deltas: list[list[CompletionChoice]], metas: list[dict], usage: Usage) -> CompletionResponse:
+        choices = []
+        for index, ds in enumerate(deltas):
+            lp = None
+            if self.want_lp:
+                lp = CompletionLogprobs(top_logprobs=[] if self.top_n else None)
+                for d in ds:
+                    assert d.logprobs is not None
+                    lp.tokens += d.logprobs.tokens
+                    lp.token_logprobs += d.logprobs.token_logprobs
+                    lp.text_offset += d.logprobs.text_offset
+                    if lp.top_logprobs is not None:
+                        lp.top_logprobs += d.logprobs.top_logprobs or []
+            fr = metas[index]["finish_reason"]
+            choices.append(CompletionChoice(index=index, text="".join(d.text for d in ds), logprobs=lp,
+                                            finish_reason=_finish(fr), matched_stop=fr.get("matched") if fr else None))
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+
 async def create_completion(state: ServerState, req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
     if req.suffix:
@@ -102,93 +156,8 @@ async def create_completion(state: ServerState, req: CompletionRequest, request:
     if not 0 <= top_n <= 20:
         raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}", "logprobs")
     want_lp = req.logprobs is not None
-    kw = dict(return_logprob=want_lp, top_logprobs_num=top_n, logprob_start_len=0 if req.echo and want_lp else -1)
-    n = req.n
-    if req.stream:
-        return await _stream(state, req, request, prompts, sp, kw)
-    out = await state.generate(request, req.constraint_param(), input_ids=[ids for ids, _ in prompts],
-                               sampling_params=dict(sp, n=n), **kw)
-    outs = out if isinstance(out, list) else [out]
-    choices = []
-    for idx, o in enumerate(outs):
-        ids, text = prompts[idx // n]
-        meta = o["meta_info"]
-        fr = meta["finish_reason"]
-        logprobs = None
-        if want_lp:
-            acc = LegacyLogprobs(state, 0 if req.echo else len(text), top_n)
-            entries = list(meta.get("output_token_logprobs", []))
-            tops = list(meta.get("output_top_logprobs") or []) if top_n else None
-            if req.echo:
-                entries = list(meta.get("input_token_logprobs", [])) + entries
-                if top_n:
-                    tops = list(meta.get("input_top_logprobs") or [None] * len(ids)) + tops
-            logprobs = acc.build(entries, tops)
-        choices.append(CompletionChoice(index=idx, text=(text if req.echo else "") + o["text"], logprobs=logprobs,
-                                        finish_reason=_finish(fr), matched_stop=fr.get("matched") if fr else None))
-    metas = [o["meta_info"] for o in outs]
-    usage = Usage.of(sum(len(ids) for ids, _ in prompts), sum(m["completion_tokens"] for m in metas),
-                     sum(m["cached_tokens"] for m in metas[::n]))
-    resp = CompletionResponse(id=new_id("cmpl"), created=now(), model=state.model_name, choices=choices, usage=usage)
-    return JSONResponse(resp.model_dump(exclude_none=True))
-
-
-async def _stream(state: ServerState, req: CompletionRequest, request: Request, prompts: list, sp: dict,
-                  kw: dict) -> Response:
-    n = req.n
-    if n > 1:
-        for ids, _ in prompts:
-            await state.precache(ids)
-    seqs = [(ids, text) for ids, text in prompts for _ in range(n)]
-    kws = []
-    for idx, (ids, _) in enumerate(seqs):
-        k = idx % n
-        p = dict(sp, seed=sp["seed"] + k) if n > 1 and sp.get("seed") is not None else sp
-        kws.append(dict(kw, input_ids=ids, sampling_params=p))
-    streams = await state.open_streams(request, kws, req.constraint_param())
-    cid, created, model = new_id("cmpl"), now(), state.model_name
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    want_lp = req.logprobs is not None
-    top_n = req.logprobs or 0
-
-    def chunk(i: int, text: str, finish: str | None = None, logprobs: CompletionLogprobs | None = None) -> bytes:
-        return sse(CompletionResponse(id=cid, created=created, model=model, choices=[
-            CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish)]))
-
-    async def events() -> AsyncIterator[bytes]:
-        accs = [LegacyLogprobs(state, 0 if req.echo else len(t), top_n) for _, t in seqs]
-        seen = [0] * len(seqs)
-        started = [False] * len(seqs)
-        metas: list[dict | None] = [None] * len(seqs)
-        async for i, c in merge_streams(streams):
-            meta = c["meta_info"]
-            fr = meta["finish_reason"]
-            if fr is not None and fr["type"] == "abort":
-                yield sse(abort_error(fr).body())
-                return
-            text, logprobs = c["text"], None
-            new = len(c["output_ids"])
-            if want_lp:
-                entries = list(meta["output_token_logprobs"][seen[i]:seen[i] + new])
-                tops_all = meta.get("output_top_logprobs")
-                tops = list(tops_all[seen[i]:seen[i] + new]) if top_n and tops_all is not None else None
-                if req.echo and not started[i]:
-                    entries = list(meta.get("input_token_logprobs", [])) + entries
-                    if top_n:
-                        tops = list(meta.get("input_top_logprobs") or [None] * len(seqs[i][0])) + (tops or [])
-                logprobs = accs[i].build(entries, tops)
-            seen[i] += new
-            if req.echo and not started[i]:
-                text = seqs[i][1] + text
-            started[i] = True
-            if text or logprobs is not None or fr is not None:
-                yield chunk(i, text, _finish(fr), logprobs)
-            if fr is not None:
-                metas[i] = meta
-        if include_usage and all(metas):
-            usage = Usage.of(sum(len(ids) for ids, _ in prompts), sum(m["completion_tokens"] for m in metas),
-                             sum(m["cached_tokens"] for m in metas[::n]))
-            yield sse(CompletionResponse(id=cid, created=created, model=model, choices=[], usage=usage))
-        yield SSE_DONE
-
-    return SSEResponse(events())
+    options = dict(return_logprob=want_lp, top_logprobs_num=top_n,
+                   logprob_start_len=0 if req.echo and want_lp else -1)
+    plan = Plan(expand([ids for ids, _ in prompts], sp, req.n), options, req.constraint_param(), req.stream,
+                bool(req.stream_options and req.stream_options.include_usage))
+    return await respond(state, request, plan, CompletionOutput(state, req, prompts))

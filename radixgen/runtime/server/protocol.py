@@ -293,6 +293,7 @@ class ChatLogprobs(_Model):
 class ChatResponseMessage(_Model):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] | None = None
 
 
@@ -323,6 +324,7 @@ class ToolCallDelta(_Model):
 class ChatDelta(_Model):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -407,6 +409,15 @@ class GenerateRequest(_Model):
     stream: bool = False
     rid: str | None = None
     extra_key: str | None = None
+    return_text_in_logprobs: bool = False  # logprob entries carry the token's text (SGLang)
+    image_data: Any = None  # refused: text-only models (SGLang's client sends it for sgl.image)
+
+
+class ConcateAndAppendRequest(_Model):
+    """What SGLang's client posts for join(mode="concate_and_append")."""
+
+    src_rids: list[str]
+    dst_rid: str
 
 
 class TokenizeRequest(_Model):

@@ -21,11 +21,40 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "radixgen_kernels.h"
 
 #define QK 32
 #define NR 16   /* output rows per panel: one 16-float vector */
 #define MR 16   /* activation rows per pass (accumulators in registers) */
 
+#ifdef RADIXGEN_SCALAR
+/* The scalar reference: every output sums its products in the same order as the vector code
+ * (per block: weight j, then weight j + 16 for 4-bit; j in order for 8-bit). */
+static void panel_any(int bits, int mr, const uint8_t *qs, const float *d, const float *m, int64_t nb,
+                      const float *xt, float *y, int64_t ldy, int64_t nvalid) {
+    for (int64_t c = 0; c < nvalid; c++)
+        for (int i = 0; i < mr; i++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const float *xb = xt + b * QK * mr;
+                const float dc = d[b * NR + c];
+                if (bits == 4) {
+                    const float mc = m[b * NR + c];
+                    const uint8_t *qb = qs + b * (QK / 2) * NR;
+                    for (int j = 0; j < QK / 2; j++) {
+                        const uint8_t v = qb[j * NR + c];
+                        acc += ((float)(v & 15) * dc + mc) * xb[j * mr + i];
+                        acc += ((float)(v >> 4) * dc + mc) * xb[(j + QK / 2) * mr + i];
+                    }
+                } else {
+                    const int8_t *qb = (const int8_t *)qs + b * QK * NR;
+                    for (int j = 0; j < QK; j++) acc += ((float)qb[j * NR + c] * dc) * xb[j * mr + i];
+                }
+            }
+            y[i * ldy + c] = acc;
+        }
+}
+#else
 typedef float vf __attribute__((vector_size(64)));
 typedef int32_t vi __attribute__((vector_size(64)));
 typedef uint8_t vu8 __attribute__((vector_size(16)));
@@ -87,13 +116,16 @@ static void panel_any(int bits, int mr, const uint8_t *qs, const float *d, const
     }
 #undef CASE
 }
+#endif
 
-/* bits 4 or 8; x float [M, k], y float [M, n], contiguous; qs, d, m in the panel layout above for
- * ceil(n / 16) panels (m NULL for 8-bit). Returns 0, or -1 when k is not a multiple of 32 or the
+/* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
+ * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, bits is not 4 or 8, or the
  * transposed x cannot be allocated. */
-int block_gemm(int bits, const float *x, int64_t M, int64_t k, const void *qs, const float *d, const float *m,
-               int64_t n, float *y, int nthreads) {
-    if (k % QK != 0) return -1;
+int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
+    const int bits = (int)w->bits;
+    const void *qs = w->qs;
+    const float *d = w->scale, *m = w->minv;
+    if (k % QK != 0 || (bits != 4 && bits != 8)) return -1;
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t panel_bytes = nb * (bits == 4 ? QK / 2 : QK) * NR;
     float *xt = (float *)malloc(sizeof(float) * (size_t)(M * k));  /* per MR-row group: [k, rows] */

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "radixgen_kernels.h"
 #include "simd_math.h"
 
 #define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
@@ -29,7 +30,7 @@ static inline float load1(const void *p, int64_t i, int bf16) {
     return f;
 }
 
-#ifdef __AVX2__
+#ifdef RG_AVX2
 static inline __m256 load8(const void *p, int64_t i, int bf16) {
     if (!bf16) return _mm256_loadu_ps((const float *)p + i);
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
@@ -42,7 +43,7 @@ static inline __m256 load8(const void *p, int64_t i, int bf16) {
 static float exp_sum(float *p, int64_t n, float max) {
     int64_t s = 0;
     float sum = 0.0f;
-#ifdef __AVX2__
+#ifdef RG_AVX2
     __m256 acc = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
     for (; s + 8 <= n; s += 8) {
@@ -69,7 +70,7 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * D;
         if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
-#ifdef __AVX2__
+#ifdef RG_AVX2
         if (D % 8 == 0) {
             __m256 a[GMAX];
             for (int g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
@@ -94,7 +95,7 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
                                                            int64_t row_elems, int bf16, float *out) {
     const int64_t bytes = D * (bf16 ? 2 : 4);
-#ifdef __AVX2__
+#ifdef RG_AVX2
     if (D % 16 == 0) {
         for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
             __m256 a[GMAX][2];
@@ -190,7 +191,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
 
 #define QB 24 /* queries per work item of the shared-prefix kernel (3 vectors) */
 
-#ifdef __AVX2__
+#ifdef RG_AVX2
 /* o^T[d0 .. d0 + NV] = sum_s v_s[d] * probs[s] over the C shared keys (NV x 3 accumulators). */
 static inline __attribute__((always_inline)) void shared_values(const int NV, const float *probs, const void *v_buf,
                                                                 const int64_t *shared, int64_t C, int64_t Hkv,
@@ -215,18 +216,12 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
         _mm256_storeu_ps(ot + (d0 + i) * QB + 16, o[i][2]);
     }
 }
-#endif
 
-/* Cascade decode attention, shared part: the NQ = B * G queries of each KV head against the C keys
- * at slots shared[0 .. C) that every request starts with, as outer products (each key read once per
- * QB queries, no horizontal sums), merged into out / lse_own: out [B, H, D] float32 and lse_own
- * [B, H] hold each request's attention over its own later keys (decode_attention with start = C).
- * Returns 0, or -1 without AVX2 or when the buffers cannot be allocated. */
-int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
-                            int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
-                            const float *lse_own, int nthreads) {
-#ifdef __AVX2__
-    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
+/* shared_prefix_attention with AVX2: NQ = B * G queries of each KV head in work items of QB, each
+ * shared key read once per QB queries, scores and values as outer products (no horizontal sums). */
+static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+                              int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
+                              const float *lse_own, int nthreads) {
     const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
     const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
     float *bufs = (float *)malloc(sizeof(float) * per_thread * (size_t)nthreads);
@@ -314,18 +309,58 @@ int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf
     }
     free(bufs);
     return 0;
-#else
-    (void)q; (void)k_buf; (void)v_buf; (void)bf16; (void)shared; (void)C; (void)B; (void)H; (void)Hkv; (void)D;
-    (void)scale; (void)out; (void)lse_own; (void)nthreads;
-    return -1;
-#endif
 }
-
-/* 1 when shared_prefix_attention is compiled in (AVX2), else 0. */
-int shared_prefix_supported(void) {
-#ifdef __AVX2__
-    return 1;
 #else
+/* The scalar reference of shared_prefix_attention: one (request, head) query at a time. */
+static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+                                int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
+                                const float *lse_own, int nthreads) {
+    const int64_t G = H / Hkv;
+    float *bufs = (float *)malloc(sizeof(float) * (size_t)(C + D) * (size_t)nthreads);
+    if (bufs == NULL) return -1;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t hkv = (bh % H) / G;
+        float *p = bufs + (size_t)omp_get_thread_num() * (size_t)(C + D), *o = p + C;
+        const float *qh = q + bh * D;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int64_t s = 0; s < C; s++) {
+            const int64_t base = shared[s] * Hkv * D + hkv * D;
+            float a = 0.0f;
+            for (int64_t d = 0; d < D; d++) a += qh[d] * load1(k_buf, base + d, bf16);
+            p[s] = scale * a;
+            mx = p[s] > mx ? p[s] : mx;
+        }
+        for (int64_t s = 0; s < C; s++) {
+            p[s] = expf(p[s] - mx);
+            sum += p[s];
+        }
+        memset(o, 0, sizeof(float) * (size_t)D);
+        for (int64_t s = 0; s < C; s++) {
+            const int64_t base = shared[s] * Hkv * D + hkv * D;
+            for (int64_t d = 0; d < D; d++) o[d] += p[s] * load1(v_buf, base + d, bf16);
+        }
+        const float lse_sh = mx + logf(sum), lo = lse_own[bh], top = lse_sh > lo ? lse_sh : lo;
+        const float w_sh = expf(lse_sh - top), w_own = expf(lo - top), inv = 1.0f / (w_sh + w_own);
+        float *ob = out + bh * D;
+        for (int64_t d = 0; d < D; d++) ob[d] = (w_sh * o[d] / sum + w_own * ob[d]) * inv;
+    }
+    free(bufs);
     return 0;
+}
+#endif
+
+/* Cascade decode attention, shared part: the B * H queries against the C keys at slots
+ * shared[0 .. C) that every request starts with, merged into out / lse_own: out [B, H, D] float32
+ * and lse_own [B, H] hold each request's attention over its own later keys (decode_attention with
+ * start = C). Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
+int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+                            int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
+                            const float *lse_own, int nthreads) {
+    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
+#ifdef RG_AVX2
+    return shared_prefix_avx2(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
+#else
+    return shared_prefix_scalar(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
 #endif
 }

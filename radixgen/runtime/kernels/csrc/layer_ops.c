@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "radixgen_kernels.h"
 #include "simd_math.h"
 
 #define PARALLEL_MIN 65536 /* elements below which one thread beats waking the team */
@@ -19,7 +20,7 @@ void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64
         float *x = h + t * n, *o = out + t * n;
         int64_t i = 0;
         float ss = 0.0f;
-#ifdef __AVX2__
+#ifdef RG_AVX2
         __m256 acc = _mm256_setzero_ps();
         for (; i + 8 <= n; i += 8) {
             __m256 v = _mm256_loadu_ps(x + i);
@@ -47,7 +48,7 @@ void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthread
         const float *g = gu + t * 2 * inter, *u = g + inter;
         float *o = out + t * inter;
         int64_t i = 0;
-#ifdef __AVX2__
+#ifdef RG_AVX2
         const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
         for (; i + 8 <= inter; i += 8) {
             const __m256 x = _mm256_loadu_ps(g + i);

@@ -1,7 +1,12 @@
-/* Small AVX2 helpers shared by the CPU kernels (header-only; part of every kernel's build key). */
+/* Small AVX2 helpers shared by the CPU kernels (header-only; part of every kernel's build key).
+ * RG_AVX2 selects the AVX2 + FMA paths; without it (another CPU, or -DRADIXGEN_SCALAR for the scalar
+ * reference build) every kernel runs its plain C path. */
 #ifndef RADIXGEN_SIMD_MATH_H
 #define RADIXGEN_SIMD_MATH_H
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXGEN_SCALAR)
+#define RG_AVX2 1
+#endif
+#ifdef RG_AVX2
 #include <immintrin.h>
 
 static inline float hsum(__m256 v) {

@@ -1,28 +1,24 @@
-"""Attention over the token KV pool: the torch path (CPU) and backend selection.
+"""The torch attention backend (CPU): SDPA over gathered K/V, decode rows in C.
 
 Each request's new queries attend causally to its cached prefix plus its own new tokens. The torch
 path gathers every request's K/V through its `req_to_token` row into a padded [B, S, ...] tensor once
 per layer and runs one batched scaled_dot_product_attention with a mask built once per step (no
-Python loop over requests inside the layer loop). The Triton kernels for GPUs (which read K/V
-through req_to_token without a gather copy) are in `triton_attention.py`; `get_attention_backend`
-picks one of the two.
+Python loop over requests inside the layer loop). On CPU, decode rows instead go to our C kernel
+(`kernels/decode_attention.py`), which reads K/V in place.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from radixgen.common.transfer import to_device
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels import decode_attention as cpu_attention
+from radixgen.runtime.kernels import decode_attention as c_attention
+from radixgen.runtime.layers.attention.base import AttentionBackend
 
 
 @dataclass
@@ -42,7 +38,7 @@ class SdpaCall:
 
 @dataclass
 class DecodeCall:
-    """Decode requests attended by the C kernel (`cpu_attention`), K/V read through req_to_token."""
+    """Decode requests attended by the C kernel (`kernels/decode_attention.py`), K/V read through req_to_token."""
 
     rows: torch.Tensor | None  # [b] rows of the flat sequence (None: all, in order)
     req_to_token: torch.Tensor  # [R, L] int64
@@ -54,7 +50,7 @@ class DecodeCall:
     def build(cls, rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
               prefix_lens: list[int]) -> DecodeCall:
         seq_lens = torch.tensor([p + 1 for p in prefix_lens], dtype=torch.int64)  # [b] (CPU)
-        c = _shared_prefix(req_to_token, req_rows, prefix_lens) if cpu_attention.shared_prefix_supported() else 0
+        c = _shared_prefix(req_to_token, req_rows, prefix_lens)
         return cls(rows, req_to_token, req_rows, seq_lens, req_to_token[req_rows[0], :c] if c else None)
 
 
@@ -73,7 +69,7 @@ class AttentionMetadata:
 
     With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V);
     a prefix they all share is attended by batched GEMMs for all of them at once and merged
-    (`cpu_attention.shared_prefix_decode_attention`).
+    (`kernels/decode_attention.shared_prefix_decode_attention`).
     """
 
     calls: list[SdpaCall | DecodeCall]
@@ -176,10 +172,10 @@ def attention(
 def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall,
          scale: float) -> torch.Tensor:  # [n, H * D]
     if isinstance(call, DecodeCall) and call.shared is not None:
-        return cpu_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
+        return c_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                                             call.seq_lens, call.shared, scale)
     if isinstance(call, DecodeCall):
-        return cpu_attention.decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
+        return c_attention.decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                               call.seq_lens, scale)
     return _sdpa(q, k_buffer, v_buffer, call, scale)
 
@@ -241,31 +237,22 @@ def _cascade(
     return (o1 * w1 + o2 * w2).to(qb.dtype)
 
 
-@dataclass(frozen=True)
-class AttentionBackend:
-    """An attention implementation: `build` makes per-step metadata (once per forward), `forward`
-    runs one layer: (q [T, H, D], k_buffer, v_buffer [N, Hkv, D], metadata, scale) -> [T, H * D]."""
+class TorchAttention(AttentionBackend):
+    """SDPA over gathered K/V; with `c_decode`, decode rows read K/V in place in C (CPU) and a
+    pure-decode step is offered to the model's one-call C decode (`decode_step`)."""
 
-    name: str
-    build: Callable[[ForwardBatch, torch.Tensor], Any]
-    forward: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any, float], torch.Tensor]
+    name = "torch"
 
+    def __init__(self, c_decode: bool) -> None:
+        self.c_decode = c_decode
 
-def get_attention_backend(name: str, device: torch.device, kv_dtype: torch.dtype | None = None) -> AttentionBackend:
-    """`auto` -> Triton kernels on CUDA, torch on CPU. Triton on CPU needs TRITON_INTERPRET=1.
-    The torch backend runs decode rows through the C kernel when `kv_dtype` allows it (see
-    `cpu_attention.available`); `torch-sdpa` forces SDPA for them."""
-    if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
-    if name == "torch" and cpu_attention.available(device, kv_dtype):
-        return AttentionBackend("torch", functools.partial(AttentionMetadata.build, c_decode=True), attention)
-    if name in ("torch", "torch-sdpa"):
-        return AttentionBackend("torch", AttentionMetadata.build, attention)
-    if name != "triton":
-        raise ValueError(f"attention_backend={name!r} is invalid: must be auto, torch, torch-sdpa or triton")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("attention_backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU, "
-                         "for tests); use 'torch' on CPU")
-    from radixgen.runtime.kernels.triton_attention import TritonAttentionMetadata, triton_attention  # lazy: triton
+    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
+        return AttentionMetadata.build(fb, req_to_token, c_decode=self.c_decode)
 
-    return AttentionBackend("triton", TritonAttentionMetadata.build, triton_attention)
+    def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+        return attention(q, k_buffer, v_buffer, meta, scale)
+
+    def decode_step(self, meta: AttentionMetadata) -> DecodeCall | None:
+        call = meta.calls[0] if len(meta.calls) == 1 else None
+        return call if isinstance(call, DecodeCall) and call.rows is None else None

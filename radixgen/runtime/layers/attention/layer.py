@@ -1,0 +1,70 @@
+"""One decoder layer's attention: rotary embedding, K/V store into the pool, the backend's attention.
+
+Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. With `rope_in_c` (CPU float32, no q/k norm)
+rotary and the K/V store are one C call on the projection in place (`kernels/layer_ops.rope_store`);
+otherwise torch ops, with Qwen3's per-head q/k RMSNorm before the rotary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixgen.radix_cache.memory_pool import TokenToKVPool
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.kernels import layer_ops
+from radixgen.runtime.layers.attention.base import AttentionBackend
+from radixgen.runtime.layers.rotary import Rotary
+
+
+@dataclass
+class ForwardContext:
+    """What every layer of one step needs besides its hidden states."""
+
+    batch: ForwardBatch
+    pool: TokenToKVPool
+    backend: AttentionBackend
+    meta: Any  # the backend's metadata for this step
+    rotary: Rotary
+    cos: torch.Tensor | None = None  # [T, 1, D/2] gathered once per step for torch-path layers
+    sin: torch.Tensor | None = None
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm_eps: float | None):
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.scale = head_dim**-0.5
+        self.eps = qk_norm_eps
+        self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
+        self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
+        self.rope_in_c = False  # set by `use_c_kernels` where it applies
+
+    @property
+    def can_rope_in_c(self) -> bool:
+        return self.q_norm is None
+
+    def forward(self, qkv: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:  # [T, H * D]
+        t = qkv.shape[0]
+        fb, pool = ctx.batch, ctx.pool
+        k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
+        if self.rope_in_c:
+            layer_ops.rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin,
+                                 fb.positions, fb.out_cache_loc, k_buf, v_buf)
+            q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(t, self.num_heads, self.head_dim)
+            k = k.view(t, self.num_kv_heads, self.head_dim)
+            if self.q_norm is not None:
+                q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
+                k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
+            q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
+            pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
+        return ctx.backend.forward(q, k_buf, v_buf, ctx.meta, self.scale)

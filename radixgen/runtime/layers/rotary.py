@@ -1,0 +1,28 @@
+"""Rotary position embeddings (HF's rotate-half layout), tables for every position up to max_len."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Rotary(nn.Module):
+    """cos/sin tables [P, D/2] (float32) for all positions; `gather` once per step, `apply` per layer."""
+
+    def __init__(self, inv_freq: torch.Tensor, max_len: int) -> None:
+        super().__init__()
+        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # [P, D/2]
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+
+    def gather(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D/2] of `positions` [T]."""
+        cos = self.cos.index_select(0, positions).unsqueeze(1).to(dtype)
+        sin = self.sin.index_select(0, positions).unsqueeze(1).to(dtype)
+        return cos, sin
+
+    @staticmethod
+    def apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x: [T, H, D]; cos/sin: [T, 1, D/2]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

@@ -1,0 +1,187 @@
+"""Every C kernel's native (SIMD) build against its scalar reference build (-DRADIXGEN_SCALAR), and
+the C boundary's declarations: the ctypes bindings come from the header, the struct mirrors are
+checked against it.
+
+The two builds run the same algorithms; they may differ by FMA contraction and the AVX2 exp
+approximation (~1e-7 relative), so results are compared to float tolerance, on shapes that cover
+the vector tails (dimensions not a multiple of 8 or 16, partial panels, odd head groups).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from radixgen.runtime.kernels import decode_attention as attn
+from radixgen.runtime.kernels import ffi, layer_ops
+from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
+from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from tests.runtime.test_block_gemm import random_gguf
+
+pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is None,
+                                reason="no C compiler to build the kernels")
+
+
+@pytest.fixture(scope="module")
+def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    return ffi.library(), ffi.load("scalar")
+
+
+def test_the_builds_run_different_paths(libs):
+    """The native build takes the SIMD paths this CPU has, so the diffs below compare two code paths."""
+    from pathlib import Path
+
+    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    assert ffi.simd_path(libs[1]) == "scalar"
+    assert ffi.simd_path(libs[0]) == ("avx2" if {"avx2", "fma"} <= set(flags) else "scalar")
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, float(b.abs().max())))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 20])
+def test_block_gemm(libs, qtype, m):
+    n, k = 37, 96  # a partial last panel
+    w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=m), qtype))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    close(block_linear(x, w, libs[0]), block_linear(x, w, libs[1]))
+
+
+def _table(batch: int, lens: list[int], n_slots: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    free = torch.randperm(n_slots - 1, generator=g) + 1
+    table = torch.zeros(batch + 1, max(lens) + 3, dtype=torch.int64)
+    rows = torch.randperm(batch + 1, generator=g)[:batch]
+    start = 0
+    for r, n in zip(rows.tolist(), lens, strict=True):
+        table[r, :n] = free[start : start + n]
+        start += n
+    return table, rows
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (6, 1, 18), (4, 4, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention(libs, heads, kv_heads, head_dim, dtype):
+    g = torch.Generator().manual_seed(heads + head_dim)
+    lens = [1, 13, 40, 7]
+    n_slots = sum(lens) + 5
+    k = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
+    v = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, head_dim, generator=g)
+    table, rows = _table(len(lens), lens, n_slots, g)
+    seq = torch.tensor(lens)
+    native = attn.decode_attention(q, k, v, table, rows, seq, 0.3, return_lse=True, lib=libs[0])
+    scalar = attn.decode_attention(q, k, v, table, rows, seq, 0.3, return_lse=True, lib=libs[1])
+    for a, b in zip(native, scalar, strict=True):
+        close(a, b)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,batch", [(9, 3, 64, 16), (6, 2, 18, 3), (4, 1, 16, 30)])
+def test_shared_prefix_attention(libs, heads, kv_heads, head_dim, batch):
+    g = torch.Generator().manual_seed(batch)
+    c = 70
+    own = [i % 5 + 1 for i in range(batch)]
+    n_slots = c + sum(own) + 3
+    k = torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2
+    v = torch.randn(n_slots, kv_heads, head_dim, generator=g)
+    q = torch.randn(batch, heads, head_dim, generator=g)
+    free = torch.randperm(n_slots - 1, generator=g) + 1
+    table = torch.zeros(batch, c + max(own) + 1, dtype=torch.int64)
+    start = c
+    for r, n in enumerate(own):
+        table[r, :c] = free[:c]
+        table[r, c : c + n] = free[start : start + n]
+        start += n
+    rows, seq = torch.arange(batch), torch.tensor(own) + c
+    out = [attn.shared_prefix_decode_attention(q, k, v, table, rows, seq, free[:c], 0.2, lib=lib) for lib in libs]
+    close(out[0], out[1])
+
+
+@pytest.mark.parametrize("n", [7, 64, 576])
+def test_layer_ops(libs, n):
+    g = torch.Generator().manual_seed(n)
+    h, delta, w = torch.randn(5, n, generator=g), torch.randn(5, n, generator=g), torch.rand(n, generator=g)
+    outs = []
+    for lib in libs:
+        hh = h.clone()
+        outs.append((hh, layer_ops.add_rms_norm(hh, w, 1e-5, delta=delta, lib=lib),
+                     layer_ops.silu_mul(torch.cat([h, delta], 1), lib=lib)))
+    for a, b in zip(*outs, strict=True):
+        close(a, b)
+
+
+def test_rope_store(libs):
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, d, t = 6, 2, 18, 5
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g)
+    cos, sin = torch.rand(64, d // 2, generator=g), torch.rand(64, d // 2, generator=g)
+    positions, loc = torch.tensor([0, 3, 63, 9, 9]), torch.tensor([4, 1, 7, 2, 5])
+    results = []
+    for lib in libs:
+        x, kb, vb = qkv.clone(), torch.zeros(9, kv_heads, d), torch.zeros(9, kv_heads, d)
+        layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, lib=lib)
+        results.append((x, kb, vb))
+    for a, b in zip(*results, strict=True):
+        close(a, b)
+
+
+@pytest.mark.parametrize("shared", [0, 12])
+def test_decode_layers(libs, shared):
+    """Two synthetic layers on random block weights: the whole C decode step, native vs scalar."""
+    hidden, heads, kv_heads, d, inter, batch = 64, 4, 2, 16, 96, 3
+    g = torch.Generator().manual_seed(shared)
+
+    def weight(n: int, k: int, seed: int):
+        return pack_panels(from_gguf(random_gguf("Q4_1", n, k, seed), "Q4_1"))
+
+    n_slots = 64
+    k_bufs = [torch.randn(n_slots, kv_heads, d, generator=g) for _ in range(2)]
+    v_bufs = [torch.randn(n_slots, kv_heads, d, generator=g) for _ in range(2)]
+    layers = [LayerWeights(torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5,
+                           k_bufs[i], v_bufs[i], weight((heads + 2 * kv_heads) * d, hidden, 10 * i),
+                           weight(hidden, heads * d, 10 * i + 1), weight(2 * inter, hidden, 10 * i + 2),
+                           weight(hidden, inter, 10 * i + 3)) for i in range(2)]
+    step = DecodeLayers(layers, DecodeDims(heads, kv_heads, d, inter, 1e-5, d**-0.5))
+    own = [4, 9, 1]
+    table = torch.zeros(batch, 32, dtype=torch.int64)
+    slots = torch.randperm(n_slots - 1, generator=g) + 1
+    start = shared
+    for r, n in enumerate(own):
+        table[r, :shared] = slots[:shared]
+        table[r, shared : shared + n] = slots[start : start + n]
+        start += n
+    seq = torch.tensor(own) + shared
+    positions, loc = seq - 1, table[torch.arange(batch), seq - 1]
+    cos, sin = torch.rand(64, d // 2, generator=g), torch.rand(64, d // 2, generator=g)
+    h0 = torch.randn(batch, hidden, generator=g)
+    out = []
+    for lib in libs:
+        h = h0.clone()
+        step.run(h, positions, loc, cos, sin, table, torch.arange(batch), seq, slots[:shared] if shared else None,
+                 lib=lib)
+        out.append(h)
+    close(out[0], out[1], tol=1e-4)
+
+
+def test_bindings_come_from_the_header(libs):
+    protos = ffi.prototypes()
+    assert set(protos) >= {"block_gemm", "decode_attention", "shared_prefix_attention", "add_rms_norm", "silu_mul",
+                           "rope_store", "decode_layers"}
+    for name, (restype, argtypes) in protos.items():
+        assert getattr(libs[0], name).argtypes == argtypes and getattr(libs[0], name).restype == restype
+    assert protos["decode_layers"] == (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                      ctypes.c_void_p, ctypes.c_int])
+
+
+def test_a_drifted_struct_mirror_is_caught(libs, monkeypatch):
+    ffi.check_structs(libs[0])
+
+    class Drifted(ctypes.Structure):  # `bits` as a 32-bit int: the C struct's layout differs
+        _fields_ = [("bits", ctypes.c_int), *ffi.BlockWeightC._fields_[1:]]
+
+    monkeypatch.setitem(ffi.STRUCTS, "rg_block_weight", Drifted)
+    with pytest.raises(RuntimeError, match="does not match struct rg_block_weight"):
+        ffi.check_structs(libs[0])
