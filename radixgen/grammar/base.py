@@ -6,8 +6,9 @@ the same spec, and makes a fresh per-request `Grammar` (a matcher) from it. Per 
 engine accepts the sampled token into the grammar and asks it to fill one row of the batch's token
 bitmask, which the sampler applies to the logits.
 
-Bitmask layout (what the sampler consumes): int32 `[batch, ceil(V / 32)]`, bit `i` of word `j`
-set means token `32 * j + i` is allowed. Unconstrained rows stay all ones (`-1`).
+Bitmask layout (what the sampler consumes): int32 `[batch, ceil(V / 32)]`, contiguous on the CPU
+(`allocate_bitmask`), bit `i` of word `j` set means token `32 * j + i` is allowed. Unconstrained
+rows stay all ones (`-1`). Backends write rows in place through the tensor's data pointer.
 """
 
 from __future__ import annotations
@@ -41,11 +42,14 @@ class ConstraintSpec:
         EBNF text with a `root` rule, a structural-tag JSON object, or "" for json_object.
     any_whitespace: JSON kinds only: allow any whitespace between tokens (flexible mode) instead of
         the compact form `{"a":1,"b":[2,3]}` (the default, which needs the fewest tokens).
+    strict: json_schema only (OpenAI `"strict": true`): a schema using a keyword that no backend
+        enforces is an error naming it, instead of being accepted with a warning.
     """
 
     kind: str
     spec: str
     any_whitespace: bool = False
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -54,9 +58,9 @@ class ConstraintSpec:
             raise GrammarError(f"constraint spec must be a str, got {type(self.spec).__name__}")
 
     @property
-    def key(self) -> tuple[str, str, bool]:
-        """The cache key: (kind, canonical spec, whitespace mode)."""
-        return (self.kind, self.spec, self.any_whitespace)
+    def key(self) -> tuple[str, str, bool, bool]:
+        """The cache key: (kind, canonical spec, whitespace mode, strictness)."""
+        return (self.kind, self.spec, self.any_whitespace, self.strict)
 
     def short(self, n: int = 60) -> str:
         """A one-line description for messages and logs."""
@@ -72,6 +76,7 @@ class CompiledGrammar:
     backend: str
     handle: Any = field(repr=False)  # the backend's own compiled object
     compile_seconds: float = 0.0
+    warnings: tuple[str, ...] = ()  # non-strict mode: schema keywords this grammar does not enforce
 
 
 class Grammar(ABC):
@@ -84,6 +89,8 @@ class Grammar(ABC):
     """
 
     stop_token_ids: tuple[int, ...] = ()
+    backend_name: str = ""  # the backend that compiled this grammar (set by the router)
+    warnings: tuple[str, ...] = ()  # schema keywords it does not enforce (non-strict mode)
 
     @abstractmethod
     def accept_token(self, token_id: int) -> bool:
@@ -112,6 +119,18 @@ class Grammar(ABC):
     @abstractmethod
     def copy(self) -> Grammar:
         """An independent matcher at the same state (for n > 1 and fork)."""
+
+    def set_budget(self, remaining: int) -> None:  # noqa: B027 - a hook plain matchers ignore
+        """Told before a mask fill how many tokens the request may still emit. Plain matchers ignore
+        it; `budget.BudgetAwareGrammar` closes the output in time."""
+
+    def meta(self) -> dict[str, Any]:
+        """What the response metadata reports about this constraint: the backend that compiled it and
+        one warning per schema keyword it does not enforce."""
+        m: dict[str, Any] = {"grammar_backend": self.backend_name}
+        if self.warnings:
+            m["grammar_warnings"] = list(self.warnings)
+        return m
 
     def accept_tokens(self, token_ids: Sequence[int]) -> bool:
         """Accept all of `token_ids` or none of them (rolls back on the first rejection)."""
@@ -144,7 +163,16 @@ class GrammarBackend(ABC):
     """Compiles specs for one tokenizer/vocabulary and makes per-request matchers."""
 
     name: str = "base"
+    kinds: frozenset[str] = frozenset(KINDS)  # the constraint kinds it compiles
     vocab_size: int  # logits width; bitmask rows have ceil(vocab_size / 32) words
+    stop_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def unsupported(cls, spec: ConstraintSpec) -> str | None:
+        """Why this backend cannot take `spec` at all (a kind or form it lacks), else None."""
+        if spec.kind not in cls.kinds:
+            return f"{KIND_LABELS[spec.kind]} constraints"
+        return None
 
     @abstractmethod
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
@@ -167,6 +195,13 @@ def allocate_bitmask(batch: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch, bitmask_width(vocab_size)), -1, dtype=torch.int32)
 
 
+def stop_only_row(bitmask: torch.Tensor, row: int, stop_token_ids: Sequence[int]) -> None:
+    """Allow only the stop tokens in `bitmask[row]` (a terminated grammar's row: still samplable)."""
+    bitmask[row].zero_()
+    for tid in stop_token_ids:
+        set_token_bit(bitmask[row], tid, True)
+
+
 def set_token_bit(row: torch.Tensor, token_id: int, allowed: bool) -> None:
     """Set or clear one token's bit in a bitmask row (int32 `[W]`)."""
     word, bit = divmod(token_id, 32)
@@ -177,8 +212,8 @@ def set_token_bit(row: torch.Tensor, token_id: int, allowed: bool) -> None:
 
 def allowed_token_ids(row: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """The token ids whose bits are set in a bitmask row (int64 `[n]`, sorted)."""
+    import numpy as np
     import torch
 
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (row.to(torch.int32).unsqueeze(-1) >> shifts) & 1  # [W, 32]
-    return bits.reshape(-1)[:vocab_size].nonzero().squeeze(-1)
+    bits = np.unpackbits(row.to(torch.int32).numpy().view(np.uint8), bitorder="little")[:vocab_size]  # [V]
+    return torch.from_numpy(bits.nonzero()[0].astype(np.int64))

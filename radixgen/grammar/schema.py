@@ -6,11 +6,14 @@ trust the spec. JSON schemas get a canonical text (the cache key): object keys s
 members of `properties`, whose order is the order in which the engine emits the keys, and so part
 of the meaning. Validation follows JSON Schema 2020-12 (draft-7 spellings accepted): a schema is an
 object or a boolean, `type` names known JSON types, keyword values have the right JSON types,
-`pattern`s are strings. In strict mode (OpenAI `"strict": true`) keywords the default backend does
-not enforce (`unsupported_reason`: measured with XGrammar 0.2.9 on typed probe schemas and the
-JSON-Schema-Test-Suite) are errors instead of being silently ignored. Known semantic differences
-that are not errors: `pattern` is matched against the whole string (JSON Schema searches), untyped
-schemas with object keywords are generated as objects, integral numbers are emitted without ".0".
+`pattern`s are strings. `normalize_schema` rewrites meaning-preserving spellings the backends read
+better (draft-7 tuples, boolean subschemas, integral floats, disjoint `oneOf` as `anyOf`).
+
+In strict mode (OpenAI `"strict": true`) a schema using a keyword that no grammar backend enforces
+(`keywords.COVERAGE`) is an error naming it; the router checks the backend it picks again at
+compile time. Known semantic differences that are not errors: `pattern` may be matched against the
+whole string (JSON Schema searches; narrower, so outputs still validate), untyped schemas with
+object keywords are generated as objects, integral numbers are emitted without ".0".
 """
 
 from __future__ import annotations
@@ -20,44 +23,29 @@ import re
 from typing import Any
 
 from radixgen.grammar.base import ConstraintSpec, GrammarError
+from radixgen.grammar.keywords import COVERAGE, SUBSCHEMA, SUBSCHEMA_LIST, SUBSCHEMA_MAP
+from radixgen.grammar.normalize import normalize_schema
 
 JSON_TYPES = ("null", "boolean", "object", "array", "number", "integer", "string")
 
-# Keywords whose value is one subschema / a list of subschemas / a name -> subschema map.
-_SUBSCHEMA = ("additionalProperties", "additionalItems", "not", "contains", "propertyNames", "if", "then",
-              "else", "unevaluatedProperties", "unevaluatedItems", "items")
-_SUBSCHEMA_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _NONNEG_INT = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
                "minContains", "maxContains")
 _NUMBER = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
-# What XGrammar 0.2.9 does not enforce: it compiles schemas using these but accepts instances that
-# violate them (measured with typed probe schemas and the JSON-Schema-Test-Suite). Strict mode rejects
-# them; otherwise they are ignored, as the backend does.
-UNSUPPORTED_KEYWORDS = frozenset(
-    {"not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "contains",
-     "minContains", "maxContains", "patternProperties"}
-)
-SUPPORTED_FORMATS = frozenset(
-    {"email", "ipv4", "ipv6", "hostname", "date", "date-time", "time", "duration", "json-pointer",
-     "relative-json-pointer", "uri", "uri-reference", "uri-template", "uuid"}
-)
 
-
-def unsupported_reason(key: str, value: Any) -> str | None:
-    """Why a keyword would not be enforced (strict mode turns this into an error), else None."""
-    if key in UNSUPPORTED_KEYWORDS:
-        return "is not supported"
-    if key in ("unevaluatedProperties", "unevaluatedItems") and value is not False:
-        return "is only supported as false"
-    if key == "uniqueItems" and value is True:
-        return "is not supported (true)"
-    if key == "allOf" and isinstance(value, list) and len(value) > 1:
-        return "is only supported with a single subschema"
-    if key == "format" and value not in SUPPORTED_FORMATS:
-        return f"value {value!r} is not supported; supported: {', '.join(sorted(SUPPORTED_FORMATS))}"
-    return None
+def strict_violation(schema: Any, backends: tuple[str, ...] = tuple(COVERAGE)) -> str | None:
+    """Strict mode: why no backend of `backends` would enforce all of `schema`, else None. Names
+    the keyword(s) the closest backend misses."""
+    best: list[str] | None = None
+    for name in backends:
+        missing = [f"{use.describe()} ({why} by {name})" for use, why in COVERAGE[name].unenforced(schema)]
+        if not missing:
+            return None
+        if best is None or len(missing) < len(best):
+            best = missing
+    return ("strict mode: no grammar backend enforces every keyword of this JSON schema, so outputs could "
+            f"violate it; not enforced: {'; '.join(best or [])}. Remove the keyword or send the request without "
+            "strict (it is then accepted with a warning)")
 
 
 # Python dtypes for `gen(dtype=...)`. bool is Python-flavoured `True|False` (the DSL hands the text to
@@ -73,7 +61,7 @@ def _where(path: str) -> str:
     return f" at {path}" if path else ""
 
 
-def validate_schema(schema: Any, path: str = "", strict: bool = False) -> None:
+def validate_schema(schema: Any, path: str = "") -> None:
     """Raise GrammarError naming the first problem found in a JSON schema (recursively)."""
     if isinstance(schema, bool):
         return
@@ -81,10 +69,6 @@ def validate_schema(schema: Any, path: str = "", strict: bool = False) -> None:
         raise GrammarError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}{_where(path)}")
     for key, value in schema.items():
         here = f"{path}/{key}"
-        reason = unsupported_reason(key, value) if strict else None
-        if reason:
-            raise GrammarError(f"strict mode: JSON schema keyword {key!r}{_where(path)} {reason} "
-                               "by the grammar engine (it would not be enforced)")
         if key == "type":
             types = value if isinstance(value, list) else [value]
             if not types or not all(isinstance(t, str) for t in types):
@@ -94,24 +78,24 @@ def validate_schema(schema: Any, path: str = "", strict: bool = False) -> None:
                 raise GrammarError(
                     f"unknown JSON type {bad[0]!r}{_where(path)}; expected one of {', '.join(JSON_TYPES)}"
                 )
-        elif key in _SUBSCHEMA:
+        elif key in SUBSCHEMA:
             if key == "items" and isinstance(value, list):  # draft-7 tuple form
                 for i, sub in enumerate(value):
-                    validate_schema(sub, f"{here}/{i}", strict)
+                    validate_schema(sub, f"{here}/{i}")
             else:
-                validate_schema(value, here, strict)
-        elif key in _SUBSCHEMA_LIST:
+                validate_schema(value, here)
+        elif key in SUBSCHEMA_LIST:
             if not isinstance(value, list) or (key != "prefixItems" and not value):
                 raise GrammarError(f"'{key}' must be a non-empty list of schemas{_where(path)}")
             for i, sub in enumerate(value):
-                validate_schema(sub, f"{here}/{i}", strict)
-        elif key in _SUBSCHEMA_MAP:
+                validate_schema(sub, f"{here}/{i}")
+        elif key in SUBSCHEMA_MAP:
             if not isinstance(value, dict):
                 raise GrammarError(f"'{key}' must be an object mapping names to schemas{_where(path)}")
             for name, sub in value.items():
                 if key == "patternProperties":
                     _check_pattern(name, f"{here}")
-                validate_schema(sub, f"{here}/{name}", strict)
+                validate_schema(sub, f"{here}/{name}")
         elif key == "required" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise GrammarError(f"'required' must be a list of property names{_where(path)}")
         elif key == "enum" and not isinstance(value, list):
@@ -139,47 +123,6 @@ def _check_pattern(pattern: Any, path: str) -> None:
         raise GrammarError(f"'pattern' must be a string{_where(path)}")
 
 
-def normalize_schema(schema: Any) -> Any:
-    """Meaning-preserving rewrites into spellings the backends read (recursively):
-
-    - draft-7 tuple `items: [...]` (+ `additionalItems`) -> `prefixItems` (+ `items`);
-    - `false` branches of anyOf / oneOf and `true` branches of allOf are dropped (they never match /
-      always match); an allOf with a `false` branch, or an anyOf / oneOf with only `false` ones, is
-      `false`.
-    """
-    if isinstance(schema, list):
-        return [normalize_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
-            out[key] = normalize_schema(value)
-        elif key in _SUBSCHEMA_MAP and isinstance(value, dict):
-            out[key] = {name: normalize_schema(sub) for name, sub in value.items()}
-        else:
-            out[key] = value
-    if isinstance(out.get("items"), list):
-        out["prefixItems"] = out.pop("items")
-        if "additionalItems" in out:
-            out["items"] = out.pop("additionalItems")
-    for key in ("anyOf", "oneOf"):
-        if isinstance(out.get(key), list) and any(b is False for b in out[key]):
-            branches = [b for b in out[key] if b is not False]
-            if not branches:
-                return False
-            out[key] = branches
-    if isinstance(out.get("allOf"), list):
-        if any(b is False for b in out["allOf"]):
-            return False
-        branches = [b for b in out["allOf"] if b is not True]
-        if branches:
-            out["allOf"] = branches
-        else:
-            del out["allOf"]
-    return out
-
-
 def canonical_schema(schema: Any) -> Any:
     """A copy with object keys sorted, except `properties` members, which keep their order."""
     if isinstance(schema, list):
@@ -189,10 +132,10 @@ def canonical_schema(schema: Any) -> Any:
     out: dict[str, Any] = {}
     for key in sorted(schema):
         value = schema[key]
-        if key in _SUBSCHEMA_MAP and isinstance(value, dict):
+        if key in SUBSCHEMA_MAP and isinstance(value, dict):
             names = value if key == "properties" else sorted(value)
             out[key] = {name: canonical_schema(value[name]) for name in names}
-        elif key in _SUBSCHEMA or key in _SUBSCHEMA_LIST:
+        elif key in SUBSCHEMA or key in SUBSCHEMA_LIST:
             out[key] = canonical_schema(value)
         else:  # data (const, enum, default, examples, required): kept as given
             out[key] = value
@@ -220,8 +163,15 @@ def json_schema_spec(schema: Any, *, strict: bool = False, any_whitespace: bool 
             schema = json.loads(schema)
         except json.JSONDecodeError as e:
             raise GrammarError(f"JSON schema is not valid JSON: {e}") from None
-    validate_schema(schema, strict=strict)
-    return ConstraintSpec("json_schema", canonical_schema_json(normalize_schema(schema)), any_whitespace)
+    validate_schema(schema)
+    schema = normalize_schema(schema)
+    if schema is False:
+        raise GrammarError("the JSON schema is `false` (or reduces to it): no value matches it")
+    if strict:
+        problem = strict_violation(schema)
+        if problem:
+            raise GrammarError(problem)
+    return ConstraintSpec("json_schema", canonical_schema_json(schema), any_whitespace, strict)
 
 
 def regex_spec(pattern: str) -> ConstraintSpec:
@@ -282,8 +232,8 @@ def response_format_spec(response_format: Any, *, any_whitespace: bool = False) 
     """OpenAI `response_format` -> spec (None for plain text).
 
     {"type": "text"} -> None; {"type": "json_object"} -> json_object (any JSON value);
-    {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} -> json_schema (strict checks
-    unsupported keywords; a missing schema means any JSON); SGLang's
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} -> json_schema (strict: keywords
+    no backend enforces are an error; a missing schema means any JSON); SGLang's
     {"type": "structural_tag", "structures", "triggers"} -> structural_tag.
     Pydantic objects from the server's protocol models are accepted via `model_dump()`.
     """
@@ -315,15 +265,17 @@ def response_format_spec(response_format: Any, *, any_whitespace: bool = False) 
 
 def spec_from_params(
     json_schema: Any = None, regex: str | None = None, ebnf: str | None = None,
-    structural_tag: Any = None, *, any_whitespace: bool = False,
+    structural_tag: Any = None, *, any_whitespace: bool = False, strict: bool = False,
 ) -> ConstraintSpec | None:
-    """SGLang-style sampling params (`json_schema` / `regex` / `ebnf`) -> spec; at most one may be set."""
+    """SGLang-style sampling params (`json_schema` / `regex` / `ebnf` / `structural_tag`) -> spec; at
+    most one may be set. `any_whitespace` (flexible JSON whitespace) and `strict` (keywords no backend
+    enforces are an error) apply to JSON schemas."""
     given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf),
                                ("structural_tag", structural_tag)) if v is not None}
     if len(given) > 1:
         raise GrammarError(f"only one constraint may be set, got {', '.join(given)}")
     if json_schema is not None:
-        return json_schema_spec(json_schema, any_whitespace=any_whitespace)
+        return json_schema_spec(json_schema, any_whitespace=any_whitespace, strict=strict)
     if regex is not None:
         return regex_spec(regex)
     if ebnf is not None:

@@ -26,8 +26,9 @@ from radixgen.grammar.base import (
     Grammar,
     GrammarBackend,
     GrammarError,
-    set_token_bit,
+    stop_only_row,
 )
+from radixgen.grammar.narrow import lower_formats
 
 _XGR_PREFIX = re.compile(r"^\[[\d:.]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
 
@@ -83,8 +84,10 @@ def structural_tag_object(spec_text: str) -> xgr.StructuralTag:
 class XGrammarBackend(GrammarBackend):
     """Compiles every constraint kind with XGrammar; the compiler keeps its own cache too.
 
-    strict_mode: XGrammar's JSON-schema strict mode (no properties/items beyond the schema's unless
-        the schema allows them explicitly); the default, as it keeps generated objects on-schema.
+    extra_properties: JSON Schema's semantics for objects and arrays (keys / items beyond those
+        listed allowed unless forbidden) instead of XGrammar's strict mode (none unless the schema
+        allows them explicitly; the default, as it keeps generated objects on-schema).
+    JSON schemas get our format regexes first (`narrow.lower_formats`).
     """
 
     name = "xgrammar"
@@ -94,12 +97,12 @@ class XGrammarBackend(GrammarBackend):
         tokenizer: Any,
         vocab_size: int | None = None,
         *,
-        strict_mode: bool = True,
+        extra_properties: bool = False,
         max_threads: int = 1,
     ) -> None:
         self.vocab_size = int(vocab_size or tokenizer.vocab_size)
         self.stop_token_ids = tuple(tokenizer.eos_token_ids)
-        self.strict_mode = strict_mode
+        self.strict_mode = not extra_properties
         self.tokenizer_info = build_tokenizer_info(tokenizer.hf, self.vocab_size, list(self.stop_token_ids))
         self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads)
 
@@ -117,7 +120,7 @@ class XGrammarBackend(GrammarBackend):
         c = self.compiler
         if spec.kind == "json_schema":
             return c.compile_json_schema(
-                spec.spec,
+                json.dumps(lower_formats(json.loads(spec.spec))),
                 any_whitespace=spec.any_whitespace,
                 separators=None if spec.any_whitespace else (",", ":"),
                 strict_mode=self.strict_mode,
@@ -155,9 +158,7 @@ class XGrammarGrammar(Grammar):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         if self._done:  # XGrammar refuses; allow only the stop tokens so the row stays valid
-            bitmask[row].zero_()
-            for tid in self.stop_token_ids:
-                set_token_bit(bitmask[row], tid, True)
+            stop_only_row(bitmask, row, self.stop_token_ids)
             return
         self._m.fill_next_token_bitmask(bitmask, row)
 
@@ -183,4 +184,5 @@ class XGrammarGrammar(Grammar):
     def copy(self) -> XGrammarGrammar:
         twin = XGrammarGrammar(self._m.fork(), self.stop_token_ids, self.vocab_size)
         twin._accepted, twin._done = self._accepted, self._done
+        twin.backend_name, twin.warnings = self.backend_name, self.warnings
         return twin

@@ -33,8 +33,9 @@ class EngineConfig:
     """Turn prefix caching off (every request recomputes its whole prompt)."""
     disable_overlap: bool = False
     """Run the model forward on the scheduler thread instead of overlapping it with CPU work."""
-    grammar_backend: Literal["xgrammar", "outlines"] = "xgrammar"
-    """Backend compiling JSON schema / regex / EBNF constraints into token masks."""
+    grammar_backend: Literal["llguidance", "xgrammar", "outlines"] = "llguidance"
+    """Backend tried first for JSON schema / regex / EBNF constraints; a constraint it cannot enforce
+    falls back through llguidance, xgrammar, outlines (radixgen/grammar/router.py)."""
     grammar_compile_threads: int = 2
     """Threads compiling grammars; one client never holds them all (the rest stay for others)."""
     grammar_compile_timeout: float = 30.0
@@ -96,7 +97,8 @@ class EngineConfig:
             ("grammar_compile_timeout", self.grammar_compile_timeout >= 0, ">= 0"),
             ("dtype", self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
-            ("grammar_backend", self.grammar_backend in ("xgrammar", "outlines"), "xgrammar or outlines"),
+            ("grammar_backend", self.grammar_backend in ("llguidance", "xgrammar", "outlines"),
+             "llguidance, xgrammar or outlines"),
             ("sampling_backend", self.sampling_backend in ("auto", "torch", "triton"), "auto, torch or triton"),
             ("attention_backend", self.attention_backend in ("auto", "torch", "torch-sdpa", "triton"),
              "auto, torch, torch-sdpa or triton"),

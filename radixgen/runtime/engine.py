@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from radixgen.grammar import GrammarCache, make_backend, spec_from_params
+from radixgen.grammar import GrammarCache, make_router, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.device import check_device
 from radixgen.runtime.distributed import make_model_runner
@@ -70,9 +70,9 @@ class Engine:
 
     @property
     def grammar_cache(self) -> GrammarCache:
-        """Compiled-grammar cache of the configured backend (built on first use: ~1 s)."""
+        """Compiled-grammar cache of the grammar router, configured backend first (built on first use)."""
         if self._grammar_cache is None:
-            backend = make_backend(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
+            backend = make_router(self.config.grammar_backend, self.tokenizer, self.model_config.vocab_size)
             cfg = self.config
             self._grammar_cache = GrammarCache(backend, max_workers=cfg.grammar_compile_threads,
                                                timeout=cfg.grammar_compile_timeout or None,
@@ -81,14 +81,16 @@ class Engine:
 
     def _constraint(self, params: SamplingParams) -> Future | None:
         """Start compiling the request's constraint (cached, off the scheduler thread), or None."""
-        spec = spec_from_params(params.json_schema, params.regex, params.ebnf, params.structural_tag)
+        spec = spec_from_params(params.json_schema, params.regex, params.ebnf, params.structural_tag,
+                                any_whitespace=params.any_whitespace, strict=params.strict_schema)
         return None if spec is None else self.grammar_cache.get_or_compile(spec)
 
     def _attach_grammars(self, reqs: list[Req], futures: list[Future | None]) -> None:
         """Give each constrained request its own matcher (raises GrammarError for a bad constraint)."""
         for req, fut in zip(reqs, futures, strict=True):
             if fut is not None:
-                req.grammar = self.grammar_cache.backend.matcher(fut.result())
+                budget = req.params.max_new_tokens if req.params.budget_aware else None
+                req.grammar = self.grammar_cache.backend.matcher(fut.result(), budget=budget)
 
     # ------------------------------------------------------------------ request building
 

@@ -43,6 +43,13 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None
+    # How a constraint is applied (see radixgen/grammar): `strict_schema` rejects a JSON schema using a
+    # keyword no grammar backend enforces (else it is accepted with a warning in meta_info);
+    # `any_whitespace` lets JSON use any whitespace (pretty printing) instead of the compact form;
+    # `budget_aware` steers a constrained output to close before max_new_tokens (finish_reason forced).
+    strict_schema: bool = False
+    any_whitespace: bool = False
+    budget_aware: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -119,7 +126,8 @@ class SamplingParams:
         if self.seed is not None:
             _int("seed", self.seed)
         _int("top_logprobs", self.top_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
-        for name in ("ignore_eos", "skip_special_tokens", "logprobs"):
+        for name in ("ignore_eos", "skip_special_tokens", "logprobs", "strict_schema", "any_whitespace",
+                     "budget_aware"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

@@ -1,4 +1,4 @@
-"""Grammar-test fixtures: the SmolLM2 tokenizer and the two backends, built once per session."""
+"""Grammar-test fixtures: the SmolLM2 tokenizer and the three backends, built once per session."""
 
 from __future__ import annotations
 
@@ -26,7 +26,14 @@ def outlines_backend(tok):
     return OutlinesBackend(tok)
 
 
-@pytest.fixture(scope="session", params=["xgrammar", "outlines"])
-def backend(request, xgr_backend, outlines_backend):
-    """Each backend in turn (for behaviour both must share)."""
-    return xgr_backend if request.param == "xgrammar" else outlines_backend
+@pytest.fixture(scope="session")
+def llg_backend(tok):
+    from radixgen.grammar.llguidance_backend import LLGuidanceBackend
+
+    return LLGuidanceBackend(tok)
+
+
+@pytest.fixture(scope="session", params=["llguidance", "xgrammar", "outlines"])
+def backend(request, llg_backend, xgr_backend, outlines_backend):
+    """Each backend in turn (for behaviour all must share)."""
+    return {"llguidance": llg_backend, "xgrammar": xgr_backend, "outlines": outlines_backend}[request.param]

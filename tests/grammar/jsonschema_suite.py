@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from radixgen.grammar import ConstraintSpec, GrammarBackend, GrammarError, allocate_bitmask, json_schema_spec
+from radixgen.grammar.keywords import Coverage
 
 
 def suite_dir() -> Path | None:
@@ -59,13 +60,17 @@ def load_instances(root: Path) -> tuple[list[Instance], int]:
     """All instances, de-duplicated across drafts on (schema, data, valid), and the number of cases
     left out because they `$ref` remote documents (not resolvable offline).
 
-    `optional/format` files assert formats, but their schemas are untyped (`{"format": "date"}`,
-    which any non-string satisfies); there they are typed as strings (`{"type": "string", ...}`)
-    and only string instances kept, so that the format itself is what is tested.
+    The engine asserts `format`s (the generation tests check them with python-jsonschema's format
+    checker), so the core `format.json` files, which test formats as annotations only ("an invalid
+    date is valid"), are left out; `optional/format` files assert them. Their schemas are untyped
+    (`{"format": "date"}`, which any non-string satisfies); there they are typed as strings
+    (`{"type": "string", ...}`) and only string instances kept, so that the format itself is tested.
     """
     out, seen, remote = [], set(), 0
     for path in sorted(root.glob("draft*/**/*.json")):
         rel = path.relative_to(root).as_posix()
+        if path.name == "format.json":
+            continue
         assert_format = "/optional/format/" in rel
         for case in json.loads(path.read_text()):
             schema = case["schema"]
@@ -88,12 +93,24 @@ def load_instances(root: Path) -> tuple[list[Instance], int]:
     return out, remote
 
 
+def _merged_properties(schema: Any) -> dict:
+    """The properties an object schema lists, in emission order: those of its `allOf` branches
+    first (the canonical spec sorts `allOf` before `properties`), then its own."""
+    if not isinstance(schema, dict):
+        return {}
+    props: dict = {}
+    for branch in schema.get("allOf") or []:
+        props.update({k: v for k, v in _merged_properties(branch).items() if k not in props})
+    props.update({k: v for k, v in (schema.get("properties") or {}).items() if k not in props})
+    return props
+
+
 def emit_order(data: Any, schema: Any) -> Any:
     """`data` with object keys in the order the engine emits them (the schema's `properties` order)."""
     if not isinstance(schema, dict):
         return data
     if isinstance(data, dict):
-        props = schema.get("properties") or {}
+        props = _merged_properties(schema)
         order = [k for k in props if k in data] + [k for k in data if k not in props]
         return {k: emit_order(data[k], props.get(k, schema.get("additionalProperties"))) for k in order}
     if isinstance(data, list):
@@ -138,6 +155,8 @@ class Report:
     flexible_accepted: int = 0
     flexible_rejected: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    claimed: int = 0  # compiled schemas whose every keyword the backend's coverage claims to enforce
+    claim_violations: list[str] = field(default_factory=list)  # invalid instances those accept
     seconds: float = 0.0
 
     @property
@@ -160,6 +179,8 @@ class Report:
             lines.append(f"valid (compact-accepted) also accepted with flexible whitespace (', ' ': '): "
                          f"{self.flexible_accepted}/{self.flexible_total}")
         lines.append(f"bitmask/accept mismatches: {len(self.mask_mismatches)}")
+        lines.append(f"schemas whose keywords the coverage table claims: {self.claimed}; invalid instances they "
+                     f"accept: {len(self.claim_violations)}")
         by_kw = Counter(e.split(":", 1)[0] for e in self.invalid_accepted)
         lines.append("invalid instances accepted (constraint not enforced), by keyword file: "
                      + ", ".join(f"{k} {n}" for k, n in by_kw.most_common()))
@@ -168,7 +189,8 @@ class Report:
                              ("valid instances rejected", self.valid_rejected),
                              ("invalid instances accepted", self.invalid_accepted),
                              ("valid instances rejected in flexible-whitespace mode", self.flexible_rejected),
-                             ("bitmask mismatches", self.mask_mismatches)):
+                             ("bitmask mismatches", self.mask_mismatches),
+                             ("invalid instances accepted by claimed schemas", self.claim_violations)):
             lines.append(f"-- {title} ({len(items)}):")
             lines += [f"   {x}"[:limit] for x in items]
         return "\n".join(lines)
@@ -203,11 +225,14 @@ def run_suite(
     note: str = "",
     flexible: bool = False,
     skip: Callable[[ConstraintSpec], str | None] | None = None,
+    coverage: Coverage | None = None,
 ) -> Report:
     """Compile each distinct schema once, then walk each of its instances.
 
     flexible: also walk valid instances serialized with `", "` / `": "` through the any-whitespace
         grammar. skip: returns a reason not to run a spec (reported), e.g. one too slow to compile.
+    coverage: the backend's declared keyword coverage; invalid instances accepted by a schema it
+        claims in full are listed apart (`claim_violations`: each is a wrong claim).
     """
     t0 = time.perf_counter()
     rep = Report(backend.name, note)
@@ -229,6 +254,8 @@ def run_suite(
             rep.compile_errors.append(f"{label}: {e}")
             continue
         rep.compiled += 1
+        claimed = coverage is not None and not coverage.unenforced(json.loads(spec.spec))
+        rep.claimed += claimed
         flex = None
         for inst in group:
             text = serialize(inst.data, inst.schema)
@@ -242,6 +269,8 @@ def run_suite(
                 rep.invalid_rejected += not ok
                 if ok:
                     rep.invalid_accepted.append(where)
+                    if claimed:
+                        rep.claim_violations.append(where)
                 continue
             rep.valid_total += 1
             rep.valid_accepted += ok

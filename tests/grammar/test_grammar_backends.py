@@ -55,11 +55,30 @@ def test_structural_tag_tool_calls(xgr_backend, tok):
         xgr_backend.compile(ConstraintSpec("structural_tag", '{"type": "structural_tag", "format": {"type": "?"}}'))
 
 
-def test_json_object_is_any_json(xgr_backend, tok):
+def test_structural_tag_tool_calls_llguidance(llg_backend, tok):
+    """The same SGLang-form tags on llguidance (lazy triggers); XGrammar's format form goes elsewhere."""
+    spec = structural_tag_spec({"structures": [{"begin": "<function=get_weather>", "schema": WEATHER,
+                                                "end": "</function>"}], "triggers": ["<function="]})
+    compiled = llg_backend.compile(spec)
+    call = '<function=get_weather>{"city": "Paris"}</function>'
+    for text in ("Sure, let me check.", f"Let me check. {call} Done.", call):
+        assert accepts(llg_backend, spec, text, tok), text
+    g = llg_backend.matcher(compiled)
+    assert g.accept_tokens(tok.encode("Checking <function=get_weather>", add_special_tokens=False))
+    assert not g.can_terminate()  # inside the tag: JSON must follow
+    assert not g.accept_tokens(tok.encode('{"town": 1}', add_special_tokens=False))
+    native = structural_tag_spec({"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema": WEATHER}, "end": "</a>"}})
+    assert llg_backend.unsupported(native) and llg_backend.unsupported(spec) is None
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
+def test_json_object_is_any_json(name, xgr_backend, llg_backend, tok):
+    backend = xgr_backend if name == "xgrammar" else llg_backend
     spec = ConstraintSpec("json_object", "")
-    assert accepts(xgr_backend, spec, '{"a": [1, 2.5, {"b": null}], "c": "d"}', tok)
-    assert accepts(xgr_backend, spec, "[true]", tok)
-    assert not accepts(xgr_backend, spec, "{a: 1}", tok)
+    assert accepts(backend, spec, '{"a":[1,2.5,{"b":null}],"c":"d"}', tok)  # compact: the default
+    assert accepts(backend, spec, "[true]", tok)
+    assert not accepts(backend, spec, "{a: 1}", tok)
 
 
 def test_compact_vs_flexible_whitespace(backend, tok):
@@ -120,5 +139,5 @@ def test_outlines_transitions_from_accepting_states(outlines_backend, tok):
 def test_outlines_rejects_unsupported_kinds(outlines_backend):
     for spec in (ebnf_spec('root ::= "a"'), structural_tag_spec({"structures": [
             {"begin": "<a>", "schema": WEATHER, "end": "</a>"}], "triggers": ["<a"]})):
-        with pytest.raises(GrammarError, match="outlines backend supports"):
+        with pytest.raises(GrammarError, match="outlines backend does not support"):
             outlines_backend.compile(spec)

@@ -87,14 +87,14 @@ def test_response_format():
     assert response_format_spec({"type": "json_object"}) == ConstraintSpec("json_object", "")
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     spec = response_format_spec({"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
-    assert spec == json_schema_spec(schema)
+    assert spec == json_schema_spec(schema, strict=True) and spec.strict
     flexible = response_format_spec({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
                                      any_whitespace=True)
     assert flexible.any_whitespace
     with pytest.raises(GrammarError, match="'not'"):
         response_format_spec({"type": "json_schema",
                               "json_schema": {"name": "x", "schema": {"not": {"type": "null"}}, "strict": True}})
-    # not strict: the unsupported keyword is ignored, as the backend does
+    # not strict: accepted (the router compiles it with a warning saying 'not' is not enforced)
     response_format_spec({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "null"}}}})
     with pytest.raises(GrammarError, match="json_schema"):
         response_format_spec({"type": "json_schema"})
@@ -131,7 +131,7 @@ def test_malformed_schema_errors(schema, needle):
     "schema, keyword",
     [
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-        ({"allOf": [{"type": "integer"}, {"minimum": 1}]}, "allOf"),
+        ({"oneOf": [{"type": "integer"}, {"minimum": 1}]}, "oneOf"),  # overlapping branches: not anyOf
         ({"if": {"const": 1}, "then": {"const": 2}}, "if"),
         ({"type": "string", "format": "idn-email"}, "format"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
@@ -140,9 +140,11 @@ def test_malformed_schema_errors(schema, needle):
 def test_strict_mode_names_unsupported_keyword(schema, keyword):
     with pytest.raises(GrammarError, match=f"'{keyword}'"):
         json_schema_spec(schema, strict=True)
-    json_schema_spec(schema)  # accepted (and ignored by the backend) when not strict
-    json_schema_spec({"type": "array", "uniqueItems": False, "items": {"type": "string", "format": "email"}},
-                     strict=True)
+    json_schema_spec(schema)  # accepted (compiled with a warning) when not strict
+    for enforced in ({"type": "array", "uniqueItems": False, "items": {"type": "string", "format": "email"}},
+                     {"allOf": [{"type": "integer"}, {"minimum": 1}]},  # llguidance enforces these
+                     {"oneOf": [{"type": "integer"}, {"type": "string"}]}):  # disjoint: anyOf
+        assert json_schema_spec(enforced, strict=True).strict
 
 
 def test_compile_errors_name_the_problem(backend):
@@ -157,7 +159,7 @@ def test_ebnf_errors(xgr_backend, outlines_backend):
         xgr_backend.compile(ebnf_spec("root ::= ("))
     with pytest.raises(GrammarError, match="root"):
         ebnf_spec('start ::= "a"')
-    with pytest.raises(GrammarError, match="xgrammar"):
+    with pytest.raises(GrammarError, match="does not support EBNF"):
         outlines_backend.compile(ebnf_spec('root ::= "a"'))
 
 

@@ -100,6 +100,8 @@ class ModelWorker:
         bitmask = allocate_bitmask(len(reqs), self.runner.vocab_size)
         for row, req in enumerate(reqs):
             if req.grammar is not None:
+                if req.params.budget_aware:  # tokens it may still emit, this one included
+                    req.grammar.set_budget(req.params.max_new_tokens - len(req.output_ids))
                 req.grammar.fill_bitmask(bitmask, row)
         return to_device(bitmask, self.runner.device)
 

@@ -185,6 +185,10 @@ class Req:
             "queue_time": None if self.scheduled_time is None else self.scheduled_time - self.created,
             "first_token_latency": None if self.first_token_time is None else self.first_token_time - self.created,
         }
+        if self.grammar is not None:
+            m.update(self.grammar.meta())  # grammar_backend, grammar_warnings
+            if m["finish_reason"] is not None and getattr(self.grammar, "forced", False):
+                m["finish_reason"]["forced"] = True  # budget-aware mode closed the output early
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_logprobs
             m["output_token_logprobs"] = self.output_logprobs

@@ -68,7 +68,7 @@ def error_from_value_error(e: ValueError, constraint_param: str | None = None) -
     return bad_request(msg, param)
 
 
-def checked_constraint(param: str, kind: str, value: Any, strict: bool = False) -> dict[str, str]:
+def checked_constraint(param: str, kind: str, value: Any, strict: bool = False) -> dict[str, Any]:
     """Check a json_schema (dict or JSON text) / regex / ebnf constraint at the boundary; return the
     engine sampling param for it. A bad one is a 400 naming `param`."""
     from radixgen.grammar.base import GrammarError
@@ -76,8 +76,11 @@ def checked_constraint(param: str, kind: str, value: Any, strict: bool = False) 
 
     try:
         if kind == "json_schema":
-            json_schema_spec(value, strict=strict)
-            return {"json_schema": value if isinstance(value, str) else json.dumps(value)}
+            json_schema_spec(value, strict=strict)  # strict: 400 naming a keyword no grammar backend enforces
+            out: dict[str, Any] = {"json_schema": value if isinstance(value, str) else json.dumps(value)}
+            if strict:  # the engine checks again against the backend that compiles it
+                out["strict_schema"] = True
+            return out
         if kind == "regex":
             regex_spec(value)
         elif kind == "ebnf":
@@ -128,6 +131,8 @@ class SamplingFields(_Model):
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict | None = None
+    any_whitespace: bool | None = None  # pretty JSON allowed (default compact)
+    budget_aware: bool | None = None  # close constrained output before max_tokens (finish_reason forced)
 
     def constraint_param(self) -> str | None:
         """The body field holding this request's constraint extension, if any (for error messages)."""
@@ -140,7 +145,8 @@ class SamplingFields(_Model):
                            ("min_p", "min_p"), ("frequency_penalty", "frequency_penalty"),
                            ("presence_penalty", "presence_penalty"), ("repetition_penalty", "repetition_penalty"),
                            ("seed", "seed"), ("stop_token_ids", "stop_token_ids"), ("ignore_eos", "ignore_eos"),
-                           ("min_new_tokens", "min_tokens"), ("skip_special_tokens", "skip_special_tokens")):
+                           ("min_new_tokens", "min_tokens"), ("skip_special_tokens", "skip_special_tokens"),
+                           ("any_whitespace", "any_whitespace"), ("budget_aware", "budget_aware")):
             value = getattr(self, name)
             if value is not None:
                 sp[ours] = value

@@ -1,0 +1,50 @@
+"""The bytes behind each token id, for backends and analyses that work on bytes (outlines-core's
+vocabulary, forced-string detection, shortest completions in budget-aware mode)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from radixgen.common.byte_vocab import gpt2_byte_decoder
+
+
+def token_bytes_table(hf_tokenizer: Any, vocab_size: int) -> list[bytes | None]:
+    """The bytes each token id stands for; None for special tokens and ids without a token."""
+    table: list[bytes | None] = [None] * vocab_size
+    special = {i for i, t in getattr(hf_tokenizer, "added_tokens_decoder", {}).items() if t.special}
+    decoder = gpt2_byte_decoder()
+    byte_level = all(c in decoder for tok in list(hf_tokenizer.get_vocab())[:2000] for c in tok)
+    for token, idx in hf_tokenizer.get_vocab().items():
+        if idx >= vocab_size or idx in special:
+            continue
+        if byte_level and all(c in decoder for c in token):
+            table[idx] = bytes(decoder[c] for c in token)
+        else:  # added non-special tokens and non-byte-level vocabularies: the text itself
+            table[idx] = hf_tokenizer.convert_tokens_to_string([token]).encode("utf-8")
+    return table
+
+
+@lru_cache(maxsize=8)
+def cached_token_bytes(hf_tokenizer: Any, vocab_size: int) -> tuple[bytes | None, ...]:
+    """`token_bytes_table`, built once per (tokenizer, vocab size) (~0.2 s for 49k tokens)."""
+    return tuple(token_bytes_table(hf_tokenizer, vocab_size))
+
+
+def single_byte_tokens(table: tuple[bytes | None, ...] | list[bytes | None]) -> dict[int, int]:
+    """byte value -> the id of a token spelling exactly that byte (byte-level vocabularies have all 256)."""
+    out: dict[int, int] = {}
+    for idx, data in enumerate(table):
+        if data is not None and len(data) == 1:
+            out.setdefault(data[0], idx)
+    return out
+
+
+def utf8_prefix(data: bytes) -> str:
+    """The longest prefix of `data` that is complete UTF-8, decoded (a token may end mid-character)."""
+    for cut in range(min(4, len(data) + 1)):
+        try:
+            return data[: len(data) - cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
