@@ -284,9 +284,3 @@ def top_level_may_be_number(schema: Any) -> bool:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def schema_to_regex(schema: dict | str, any_whitespace: bool = False) -> str:
-    """The outlines regex for a JSON schema (for inspection and tests)."""
-    text = schema if isinstance(schema, str) else json.dumps(schema)
-    return build_regex_from_schema(text, whitespace_pattern=FLEXIBLE_WHITESPACE if any_whitespace else "")
