@@ -1,4 +1,4 @@
-"""The default grammar backend: XGrammar (Dong et al., "XGrammar: Flexible and Efficient Structured
+"""The XGrammar grammar backend (Dong et al., "XGrammar: Flexible and Efficient Structured
 Generation Engine for Large Language Models", 2024).
 
 XGrammar compiles JSON schemas, regexes, EBNF and structural tags into a pushdown automaton with a

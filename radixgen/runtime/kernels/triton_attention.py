@@ -1,4 +1,4 @@
-"""Triton attention over the token KV pool: the GPU twin of `attention.attention` (same contract).
+"""Triton attention over the token KV pool: the GPU twin of the torch backend's `attention` (same contract).
 
 K/V are never copied into a dense tensor: every program reads its request's KV slots from the
 `req_to_token` row and gathers K/V rows by slot inside the kernel. Keys past a request's end read
@@ -208,9 +208,9 @@ def triton_attention(
 ) -> torch.Tensor:  # [T, H * D]
     """Causal attention of each request's new queries over its cached prefix and new tokens.
 
-    Same contract as `attention.attention`: the new tokens' K/V are already in the buffers, and key j
-    of request r lives at slot `req_to_token[req_pool_indices[r], j]`. K/V buffers need a contiguous
-    last dimension; the output has q's dtype.
+    Same contract as `layers/attention/torch_backend.attention`: the new tokens' K/V are already in
+    the buffers, and key j of request r lives at slot `req_to_token[req_pool_indices[r], j]`. K/V
+    buffers need a contiguous last dimension; the output has q's dtype.
     """
     t, h, d = q.shape
     h_kv = k_buffer.shape[1]
