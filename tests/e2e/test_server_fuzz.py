@@ -177,6 +177,16 @@ def test_nul_characters_are_text(http, baseline):
     assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == 3
 
 
+def test_a_pattern_no_token_can_spell_is_a_400_for_that_request(http, baseline):
+    """U+40000 is UTF-8 F1 80 80 80; no SmolLM2 token starts with byte F1, so the constraint cannot be
+    followed: the request gets a 400 naming that, not a 500, and the server goes on serving."""
+    r, _ = post_raw(http, CHAT, msg("x", regex="\U00040000", max_tokens=4, temperature=0))
+    assert r.status_code == 400, r.text
+    assert assert_openai_error(r)["code"] == "constraint_unfollowable"
+    r, _ = post_raw(http, CHAT, PLAIN)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == baseline
+
+
 def test_max_tokens_up_to_the_room_pass_one_more_is_an_error(http, baseline):
     text = "word " * 500
     room = 512 - len(http.post("/tokenize", json={"text": text}).json()["tokens"])

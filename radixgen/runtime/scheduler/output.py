@@ -12,7 +12,7 @@ from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.scheduler.jump_forward import plan_jump
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.metrics import SchedulerMetrics
-from radixgen.runtime.scheduler.request import FinishReason, Req
+from radixgen.runtime.scheduler.request import CONSTRAINT_UNFOLLOWABLE, FinishReason, Req
 
 
 class OutputProcessor:
@@ -62,7 +62,8 @@ class OutputProcessor:
             stop_ids |= self.eos_token_ids
         delta = ""
         if req.grammar is not None and not req.grammar.accept_token(token):
-            finish = FinishReason("abort", message=f"token {token} violates the request's constraint")
+            finish = FinishReason("abort", message=f"{CONSTRAINT_UNFOLLOWABLE}: its grammar rejected token {token} it "
+                                  "had allowed (a pattern may need bytes no token of this model's vocabulary spells)")
         elif token in stop_ids:
             finish = FinishReason("stop", matched=token)
         else:

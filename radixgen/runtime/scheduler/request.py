@@ -19,6 +19,8 @@ from radixgen.radix_cache.radix_tree import RadixKey, TreeNode
 from radixgen.runtime.tokenizer import IncrementalDetokenizer
 from radixgen.sampling.params import SamplingParams
 
+CONSTRAINT_UNFOLLOWABLE = "the output constraint could not be followed"  # start of that abort's message
+
 
 @dataclass
 class FinishReason:

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from radixgen.runtime.server.parsers import (
@@ -26,7 +26,7 @@ from radixgen.runtime.server.parsers import (
     ToolCallParser,
     detect_format,
 )
-from radixgen.runtime.server.parsers.tool_formats import any_of, json_format
+from radixgen.runtime.server.parsers.tool_formats import json_format
 from radixgen.runtime.server.protocol import ChatCompletionRequest, NamedToolChoice, bad_request, checked_constraint
 from radixgen.runtime.server.state import ServerState
 
@@ -119,17 +119,6 @@ def _functions(req: ChatCompletionRequest, tools: ToolSetup) -> list[tuple[str, 
     return out
 
 
-def structural_tags(state: ServerState) -> bool:
-    """Whether the engine's grammar backend compiles structural tags (XGrammar does)."""
-    return getattr(getattr(state.engine, "config", None), "grammar_backend", "xgrammar") == "xgrammar"
-
-
-def bare_calls(state: ServerState, tools: ToolSetup) -> bool:
-    """Forced calls are written as bare JSON (a list of call objects, or one object) instead of the
-    format's syntax: on a grammar backend without structural tags."""
-    return tools.mode in ("required", "named") and not structural_tags(state)
-
-
 def constraint(state: ServerState, req: ChatCompletionRequest, sp: dict, tools: ToolSetup,
                reasoning: tuple[ReasoningFormat, str] | None) -> tuple[dict[str, str], str | None]:
     """The engine constraint of this request (see the module docstring): (sampling params to set, the
@@ -147,9 +136,6 @@ def constraint(state: ServerState, req: ChatCompletionRequest, sp: dict, tools: 
         return {k: sp[k] for k in extension}, (extension[0] if extension else None)
     param = wanted[0]
     thinking = reasoning is not None and reasoning[1] != "closed"
-    if thinking and not structural_tags(state):
-        raise bad_request(f"{param} with a reasoning parser needs the xgrammar grammar backend (structural tags)",
-                          param)
     if param == "response_format":
         assert rf is not None
         body = rf.json_schema
@@ -159,12 +145,7 @@ def constraint(state: ServerState, req: ChatCompletionRequest, sp: dict, tools: 
             return checked, param
         inner = json_format(schema)
     else:
-        functions = _functions(req, tools)
-        if bare_calls(state, tools):
-            one = any_of([tools.fmt.call_schema(name, params) for name, params in functions])
-            bare = {"type": "array", "items": one, "minItems": 1} if tools.parallel else one
-            return checked_constraint(param, "json_schema", bare), param
-        inner = tools.fmt.constraint(functions, tools.parallel)
+        inner = tools.fmt.constraint(_functions(req, tools), tools.parallel)
     if thinking:
         fmt, phase = reasoning  # type: ignore[misc]
         inner = fmt.constraint(inner, phase)
@@ -174,11 +155,9 @@ def constraint(state: ServerState, req: ChatCompletionRequest, sp: dict, tools: 
 def choice_parsers(state: ServerState, tools: ToolSetup, reasoning: tuple[ReasoningFormat, str] | None,
                    n: int) -> list[ChoiceParser]:
     """One output parser per choice."""
-    fmt = replace(tools.fmt, bare_start=True) if bare_calls(state, tools) else tools.fmt
-
     def one() -> ChoiceParser:
         rp = ReasoningParser(*reasoning) if reasoning is not None else None
-        tp = ToolCallParser(fmt, tools.names, None if tools.parallel else 1) if tools.mode != "none" else None
+        tp = ToolCallParser(tools.fmt, tools.names, None if tools.parallel else 1) if tools.mode != "none" else None
         return ChoiceParser(rp, tp)
 
     return [one() for _ in range(n)]

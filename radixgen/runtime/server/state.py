@@ -19,6 +19,7 @@ from fastapi import Request
 
 from radixgen.common.byte_vocab import gpt2_byte_decoder
 from radixgen.grammar.compiler_cache import CompilerBusy, CompileTimeout
+from radixgen.runtime.scheduler.request import CONSTRAINT_UNFOLLOWABLE
 from radixgen.runtime.server.budget import Admission, HeldStream, Hold, TokenBudget
 from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.parsers import ReasoningFormat, ToolCallFormat
@@ -251,6 +252,8 @@ def abort_error(fr: dict) -> APIError:
     msg = fr.get("message") or "the request was aborted"
     if "shut down" in msg:
         return APIError(503, "the server is shutting down", "server_unavailable", None, "shutting_down")
+    if msg.startswith(CONSTRAINT_UNFOLLOWABLE):  # the request's own constraint, not a server fault
+        return bad_request(msg, None, "constraint_unfollowable")
     return APIError(500, msg, "server_error", None, "aborted")
 
 
