@@ -54,36 +54,52 @@ def expected_output(req: Req) -> list[int]:
 
 
 class FakeWorker:
-    """Answers batches at once with `fake_token`; asserts the batch's inputs are the right tokens."""
+    """Answers batches at once with `token_fn` (default `fake_token`); asserts the batch's inputs are
+    the right tokens. A request verifying drafts has its drafts as inputs after its chunk, and
+    "samples" the true token after each draft prefix, as a model would."""
 
     busy_seconds = 0.0
 
-    def __init__(self) -> None:
+    def __init__(self, token_fn=fake_token, fast_decode_rows: int | None = None) -> None:
+        self.token_fn = token_fn
+        self.fast_decode_rows = fast_decode_rows
         self.last_sampled: list[int] = []
         self.batches = 0
+        self.drafts_seen = 0
 
     def submit(self, batch: ScheduledBatch) -> Future[StepOutput]:
         fb = batch.forward
         ids, pos = fb.input_ids.tolist(), fb.positions.tolist()
         offset = 0
-        for req, start, n in zip(batch.reqs, fb.prefix_lens, fb.extend_lens, strict=True):
+        sampled: list[list[int]] = []
+        last: list[int] = []
+        for i, req in enumerate(batch.reqs):
+            start, n, drafts = batch.starts[i], batch.extend_lens[i], batch.drafts[i]
+            chunk = n - len(drafts)
             for j in range(n):
                 tok = ids[offset + j]
                 if tok < 0:  # placeholder: the previous batch's sampled token
                     tok = self.last_sampled[-tok - 1]
                 p = pos[offset + j]
                 assert p == start + j
-                want = req.input_ids[p] if p < len(req.input_ids) else fake_token(req.seed, p)
-                assert tok == want, f"{req.rid}: input at position {p} is {tok}, expected {want}"
+                if j < chunk:
+                    want = req.input_ids[p] if p < len(req.input_ids) else self.token_fn(req.seed, p)
+                    assert tok == want, f"{req.rid}: input at position {p} is {tok}, expected {want}"
+                else:
+                    assert tok == drafts[j - chunk], f"{req.rid}: draft input at {p} is {tok}"
             offset += n
-        sampled = [fake_token(req.seed, start + n) if s else -1
-                   for req, start, n, s in zip(batch.reqs, fb.prefix_lens, fb.extend_lens, batch.samples, strict=True)]
-        self.last_sampled = [t for t, s in zip(sampled, batch.samples, strict=True) if s]
+            self.drafts_seen += len(drafts)
+            if batch.samples[i]:
+                sampled.append([self.token_fn(req.seed, start + chunk + j) for j in range(len(drafts) + 1)])
+                last.append(sampled[-1][-1])
+            else:
+                sampled.append([])
+        self.last_sampled = last
         self.batches += 1
         k = len(batch.reqs)
         fut: Future[StepOutput] = Future()
-        fut.set_result(StepOutput(sampled, [None] * k, [[] for _ in range(k)], [[] for _ in range(k)],
-                                  [[] for _ in range(k)]))
+        fut.set_result(StepOutput(sampled, [[None] * len(t) for t in sampled], [[[]] * len(t) for t in sampled],
+                                  [[] for _ in range(k)], [[] for _ in range(k)]))
         return fut
 
     def shutdown(self) -> None:

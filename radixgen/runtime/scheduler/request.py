@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from radixgen.radix_cache.radix_tree import RadixKey, TreeNode
+from radixgen.runtime.speculative.state import SpecState
 from radixgen.runtime.tokenizer import IncrementalDetokenizer
 from radixgen.sampling.params import SamplingParams
 
@@ -58,29 +59,33 @@ class Flight:
 
     `batches` launched batches hold the request; `pending` tokens sampled by them are not yet known
     to the scheduler, the latest at row `pending_ref` of its batch's sampled tokens (a later batch's
-    input placeholder points there); `skip` results are to be discarded because a jump-forward
-    replaced their inputs.
+    input placeholder points there); `skip` results are to be discarded because a jump-forward or
+    rejected drafts replaced their inputs. A row verifying `drafts` draft tokens counts 1 + drafts
+    pending tokens (as if every draft is accepted) until its result says how many were.
     """
 
     batches: int = 0
     pending: int = 0
     pending_ref: int = -1
     skip: int = 0
+    drafts: int = 0
 
     @property
     def idle(self) -> bool:
         return self.batches == 0
 
-    def launch(self, samples: bool, ref: int) -> None:
+    def launch(self, samples: bool, ref: int, drafts: int = 0) -> None:
         self.batches += 1
+        self.drafts += drafts
         if samples:
-            self.pending += 1
+            self.pending += 1 + drafts
             self.pending_ref = ref
 
-    def land(self, sampled: bool) -> None:
+    def land(self, sampled: bool, drafts: int = 0) -> None:
         self.batches -= 1
+        self.drafts -= drafts
         if sampled:
-            self.pending -= 1
+            self.pending -= 1 + drafts
 
 
 @dataclass
@@ -106,6 +111,7 @@ class Req:
     finished: FinishReason | None = None
     to_abort: str | None = None
     grammar: Any = None  # per-request Grammar matcher (constrained decoding), or None
+    spec: SpecState | None = None  # speculative-decoding state (drafting requests only)
     # logprob accumulators: (logprob | None, token id) and top lists
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
@@ -180,6 +186,8 @@ class Req:
             "finish_reason": self.finished.to_dict() if self.finished else None,
             "e2e_latency": time.perf_counter() - self.created,
         }
+        if self.spec is not None:
+            m.update(self.spec.meta_info(len(self.output_ids)))
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_logprobs
             m["output_token_logprobs"] = self.output_logprobs
