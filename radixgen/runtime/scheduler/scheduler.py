@@ -248,8 +248,11 @@ class Scheduler:
 
     def _schedule(self, can_retract: bool) -> ScheduledBatch | None:
         """Pick and lay out this step's batch; None when nothing can run yet."""
-        for req in [r for r in self.waiting + self.running if r.to_abort and not r.finished]:
-            self._finish(req, FinishReason("abort", message=req.to_abort))
+        for req in self.waiting + self.running:
+            if req.finished is None and req.seq_len > self.kv.capacity:  # retracted, it could never resume
+                req.to_abort = f"KV cache exhausted: the sequence ({req.seq_len} tokens) outgrew the KV pool"
+            if req.to_abort and not req.finished:
+                self._finish(req, FinishReason("abort", message=req.to_abort))
         plan = self.admission.plan(self.running, self.waiting, can_retract)
         if plan is None:
             return None
