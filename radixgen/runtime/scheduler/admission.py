@@ -40,8 +40,8 @@ class Admission:
         instead of retracting, so the in-flight batch is processed first.
         """
         kv = self.kv
-        # a request verifying drafts waits for that result: how many are accepted decides its next input
-        active = [r for r in running if r.finished is None and not r.flight.skip and not r.flight.drafts]
+        # a request holding for its drafts' verification waits for it (see `speculator.py`)
+        active = [r for r in running if r.finished is None and not r.flight.skip and not r.flight.held]
         decodes = [r for r in active if r.is_decoding and r.wants_more]
         if kv.available() < len(decodes):
             if not can_retract:

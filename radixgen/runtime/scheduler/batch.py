@@ -41,6 +41,7 @@ class ScheduledBatch:
     extend_lens: list[int]
     starts: list[int]  # each request's KV length before the step
     drafts: list[list[int]]
+    hold: list[bool]  # a request verifying drafts waits for the result before its next step
     forward: ForwardBatch
     samples: list[bool]
     sample_rows: list[int]
@@ -54,12 +55,13 @@ class ScheduledBatch:
     @classmethod
     def build(cls, reqs: list[Req], lens: list[int], starts: list[int], loc: torch.Tensor,
               table_update: TableUpdate | None, device: torch.device,
-              drafts: list[list[int]] | None = None) -> ScheduledBatch:
+              drafts: list[list[int]] | None = None, hold: list[bool] | None = None) -> ScheduledBatch:
         """Lay out the step: request i computes tokens starts[i] .. starts[i] + lens[i] of its
         sequence into KV slots `loc` (concatenated), the last len(drafts[i]) of them its drafts;
         inputs that the batch in flight is still sampling become placeholders; collect the logits
         rows wanted."""
         drafts = drafts if drafts is not None else [[] for _ in reqs]
+        hold = hold if hold is not None else [False] * len(reqs)
         row_tokens: list[list[int]] = []  # the forward's rows: a chunk, then one row per draft
         row_starts: list[int] = []
         row_pools: list[int] = []
@@ -109,7 +111,7 @@ class ScheduledBatch:
             sample_refs.append(n_sampled if does_sample else -1)
             n_sampled += does_sample
             base += n_wanted
-        return cls(reqs, list(lens), list(starts), drafts, fb, samples, sample_rows, sample_refs, input_rows,
+        return cls(reqs, list(lens), list(starts), drafts, hold, fb, samples, sample_rows, sample_refs, input_rows,
                    input_targets, first_none, prefill)
 
 

@@ -60,30 +60,31 @@ class Flight:
     `batches` launched batches hold the request; `pending` tokens sampled by them are not yet known
     to the scheduler, the latest at row `pending_ref` of its batch's sampled tokens (a later batch's
     input placeholder points there); `skip` results are to be discarded because a jump-forward or
-    rejected drafts replaced their inputs. A row verifying `drafts` draft tokens counts 1 + drafts
-    pending tokens (as if every draft is accepted) until its result says how many were.
+    rejected drafts replaced their inputs. A row verifying k draft tokens counts 1 + k pending
+    tokens (as if every draft is accepted: a later batch may continue from there) until its result
+    says how many were; `held` such rows make the request wait for their result instead.
     """
 
     batches: int = 0
     pending: int = 0
     pending_ref: int = -1
     skip: int = 0
-    drafts: int = 0
+    held: int = 0
 
     @property
     def idle(self) -> bool:
         return self.batches == 0
 
-    def launch(self, samples: bool, ref: int, drafts: int = 0) -> None:
+    def launch(self, samples: bool, ref: int, drafts: int = 0, hold: bool = False) -> None:
         self.batches += 1
-        self.drafts += drafts
+        self.held += hold
         if samples:
             self.pending += 1 + drafts
             self.pending_ref = ref
 
-    def land(self, sampled: bool, drafts: int = 0) -> None:
+    def land(self, sampled: bool, drafts: int = 0, hold: bool = False) -> None:
         self.batches -= 1
-        self.drafts -= drafts
+        self.held -= hold
         if sampled:
             self.pending -= 1 + drafts
 

@@ -13,10 +13,10 @@ A request that turns out to have finished at N wastes its N+1 slot, which is fre
 
 Speculative decoding (`speculative_algorithm="ngram"`): the speculator (`speculator.py`) gives some
 rows drafts, verified in the same forward (`batch.py`, `executor/sampling_rows.py`). How many drafts
-a row keeps is known only once its result is processed, so a request verifying drafts is not in
-the next batch (it would not know its input token or position): it sits out one step, which costs
-it part of the overlap at batch 1 and one step at larger batches, and the speculator only drafts
-where that is expected to pay. The KV of rejected drafts is freed when the result is processed.
+a row keeps is known only once its result is processed, after the next batch is built: the request
+either sits that batch out (`hold`) or is decoded in it as if all its drafts are accepted, a row
+discarded like a jump-forward's stale one when they are not. The KV of rejected drafts (and of a
+stale row) is freed once nothing of the request is in flight.
 
 The worker is injected (anything with `submit(batch) -> Future[StepOutput]`), so the scheduler
 runs against a fake in unit tests; with `start=False` the caller drives it with `step()`.
@@ -257,25 +257,26 @@ class Scheduler:
         if plan is None:
             return None
         reqs, lens = plan
-        drafts = None
+        proposal = None
         if self.speculator is not None:
-            drafts = self.speculator.propose(reqs, lens, room=self.kv.free() - sum(lens))
-            lens = [n + len(d) for n, d in zip(lens, drafts, strict=True)]
+            proposal = self.speculator.propose(reqs, lens, room=self.kv.free() - sum(lens))
+            lens = [n + len(d) for n, d in zip(lens, proposal.drafts, strict=True)]
         allocated = self.kv.allocate(reqs, lens)
         if allocated is None:  # a lone request larger than the whole pool
             self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
             return None
         loc, starts = allocated
         batch = ScheduledBatch.build(reqs, lens, starts, loc, self.kv.take_table_update(),
-                                     self.kv.req_pool.device_table.device, drafts)
-        for req, samples, ref, d in zip(reqs, batch.samples, batch.sample_refs, batch.drafts, strict=True):
-            req.flight.launch(samples, ref, len(d))
+                                     self.kv.req_pool.device_table.device, *(
+                                         (proposal.drafts, proposal.hold) if proposal else ()))
+        for i, req in enumerate(reqs):
+            req.flight.launch(batch.samples[i], batch.sample_refs[i], len(batch.drafts[i]), batch.hold[i])
         return batch
 
     def _process(self, batch: ScheduledBatch, out: StepOutput) -> None:
         now = time.perf_counter()
         for i, req in enumerate(batch.reqs):
-            req.flight.land(batch.samples[i], len(batch.drafts[i]))
+            req.flight.land(batch.samples[i], len(batch.drafts[i]), batch.hold[i])
             self.kv.computed(req, batch.extend_lens[i])
             if req.finished is not None:  # finished at an earlier batch: this step was wasted
                 if req.flight.idle:
