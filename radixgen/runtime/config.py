@@ -53,7 +53,7 @@ class EngineConfig:
     those without it (greedy and seeded sampling alike). A request opts out with `speculative: false`."""
     speculative_num_draft_tokens: int = 8
     """Most draft tokens verified for one request in one step (the adaptive policy often uses fewer)."""
-    speculative_ngram_min_match_window_size: int = 2
+    speculative_ngram_min_match_window_size: int = 1
     """Shortest suffix of a request's tokens whose earlier occurrence may propose drafts."""
     speculative_ngram_max_match_window_size: int = 8
     """Longest suffix tried first when looking up drafts."""
