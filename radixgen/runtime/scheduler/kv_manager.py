@@ -122,6 +122,8 @@ class KVManager:
         """Put the request's computed KV in the tree (other requests may share it now) and move its lock."""
         kv = req.kv
         done = kv.done_kv_len  # a later chunk may be in flight: insert only computed KV
+        if kv.truncate_to is not None:  # and none that a pending cut drops (rejected drafts' KV)
+            done = min(done, kv.truncate_to)
         slots = self.req_pool.req_to_token[kv.pool_idx, :done].clone()
         new_slots, node = self.tree.cache_unfinished_req(req.radix_key(done), slots, kv.last_node, kv.locked_len)
         self.req_pool.write(kv.pool_idx, 0, new_slots)
