@@ -64,7 +64,7 @@ class SpeculativeMachine(SchedulerMachine):
 
 
 TestSpeculativeWorkloadsKeepKVConsistent = SpeculativeMachine.TestCase
-TestSpeculativeWorkloadsKeepKVConsistent.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+TestSpeculativeWorkloadsKeepKVConsistent.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
                                                              derandomize=True,
                                                              suppress_health_check=list(HealthCheck))
 

@@ -80,8 +80,8 @@ def _grammar_masks(grammar: Grammar, drafts: list[int], vocab_size: int) -> tupl
     mask = allocate_bitmask(len(drafts) + 1, vocab_size)
     grammar.fill_bitmask(mask, 0)
     n = 0
-    for tok in drafts:
-        if not grammar.accept_token(tok):
+    for tok in drafts:  # the mask says whether the grammar accepts it (a refused accept may log a warning)
+        if not (int(mask[n, tok // 32]) >> (tok % 32)) & 1 or not grammar.accept_token(tok):
             break
         n += 1
         grammar.fill_bitmask(mask, n)

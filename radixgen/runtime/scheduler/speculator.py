@@ -55,12 +55,13 @@ class Speculator:
         self.fixed_rows = FIXED_ROWS.get(device_type, FIXED_ROWS["cpu"])
         self.overlap = overlap
         self.metrics = metrics
-        self.global_state = SpecState(NgramIndex(1, 1))  # engine-wide evidence: where requests' estimates start
+        # engine-wide evidence per suffix-match length (a long match predicts a copy better than a short
+        # one): where a request's estimate starts before its own verifications count
+        self.by_match = {n: SpecState(NgramIndex(1, 1)) for n in range(min_match, max_match + 1)}
 
-    @property
-    def prior(self) -> float:
-        """Engine-wide acceptance estimate (recent verifications of all requests)."""
-        return self.global_state.accept_prob(INITIAL_PRIOR)
+    def prior(self, match: int) -> float:
+        """Engine-wide acceptance of recent drafts proposed from a suffix match of `match` tokens."""
+        return self.by_match[match].accept_prob(INITIAL_PRIOR)
 
     def attach(self, req: Req) -> None:
         """Give a request that may draft its state (once, when it first runs)."""
@@ -89,8 +90,10 @@ class Speculator:
             if req.spec is None or limit <= 0 or req.flight.pending > 1:
                 continue
             req.spec.index.sync(req.fill_ids)
-            conts[i], _ = req.spec.index.lookup(limit, skip=req.flight.pending)
-            probs[i] = p = req.spec.accept_prob(self.prior)
+            conts[i], req.spec.match = req.spec.index.lookup(limit, skip=req.flight.pending)
+            if not conts[i]:
+                continue
+            probs[i] = p = req.spec.accept_prob(self.prior(req.spec.match))
             candidates += [(p ** (depth + 1), i, depth) for depth in range(len(conts[i]))]
         tokens, cost = float(samplers), self.fixed_rows + rows
         taken = [0] * len(reqs)
@@ -138,7 +141,8 @@ class Speculator:
         m.spec_completion_tokens += tokens
         m.spec_num_proposed_drafts += proposed
         m.spec_num_correct_drafts += accepted
-        self.global_state.record(proposed, accepted)
+        if proposed:
+            self.by_match[req.spec.match].record(proposed, accepted)
 
 
 def _samples(req: Req, n: int) -> bool:

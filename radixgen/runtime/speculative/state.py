@@ -26,6 +26,7 @@ class SpecState:
     verify_ct: int = 0  # forward steps that gave the request tokens
     proposed: int = 0  # draft tokens verified
     accepted: int = 0  # of which accepted
+    match: int = 0  # suffix-match length of the latest lookup (its drafts' evidence goes to that length's prior)
 
     def accept_prob(self, prior: float) -> float:
         """Estimated chance that the next draft token is accepted, given the ones before it were."""
