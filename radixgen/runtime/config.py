@@ -52,6 +52,16 @@ class EngineConfig:
     disable_block_kernels: bool = False
     """Decode GGUF Q4_0/Q4_1/Q8_0 models through dense float32 copies of the weights instead of
     float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
+    speculative_algorithm: Literal["none", "ngram"] = "none"
+    """Speculative decoding: ngram proposes drafts by prompt lookup (the request's own prompt and
+    output) and verifies them in the same forward as the step's other rows; outputs are exactly
+    those without it (greedy and seeded sampling alike). A request opts out with `speculative: false`."""
+    speculative_num_draft_tokens: int = 8
+    """Most draft tokens verified for one request in one step (the adaptive policy often uses fewer)."""
+    speculative_ngram_min_match_window_size: int = 1
+    """Shortest suffix of a request's tokens whose earlier occurrence may propose drafts."""
+    speculative_ngram_max_match_window_size: int = 8
+    """Longest suffix tried first when looking up drafts."""
     seed: int = 0
     """Seed for requests that give none."""
     debug_kv_check: bool = False
@@ -110,6 +120,12 @@ class EngineConfig:
              else self.nnodes == 1, "host:port (and given when nnodes > 1)"),
             ("log_requests_level", self.log_requests_level in (0, 1, 2, 3), "0, 1, 2 or 3"),
             ("stats_log_interval", self.stats_log_interval >= 0, ">= 0"),
+            ("speculative_algorithm", self.speculative_algorithm in ("none", "ngram"), "none or ngram"),
+            ("speculative_num_draft_tokens", 1 <= self.speculative_num_draft_tokens <= 64, "in [1, 64]"),
+            ("speculative_ngram_min_match_window_size", self.speculative_ngram_min_match_window_size >= 1, ">= 1"),
+            ("speculative_ngram_max_match_window_size",
+             self.speculative_ngram_max_match_window_size >= self.speculative_ngram_min_match_window_size,
+             ">= speculative_ngram_min_match_window_size"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -38,6 +38,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: bool = False
     top_logprobs: int = 0
+    speculative: bool = True  # False: this request never drafts (when the engine runs speculative decoding)
     # Constraints (at most one); compiled by the grammar backend.
     json_schema: str | None = None
     regex: str | None = None
@@ -127,7 +128,7 @@ class SamplingParams:
             _int("seed", self.seed)
         _int("top_logprobs", self.top_logprobs, lo=0, hi=MAX_TOP_LOGPROBS)
         for name in ("ignore_eos", "skip_special_tokens", "logprobs", "strict_schema", "any_whitespace",
-                     "budget_aware"):
+                     "budget_aware", "speculative"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):

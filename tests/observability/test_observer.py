@@ -176,3 +176,25 @@ def test_request_bodies_by_level_and_the_json_format(engine):
     assert line["message"].startswith(f"Finish: rid={rec.rid} prompt_tokens={rec.prompt_tokens} ")
     assert "prompt=" not in line["message"] and line["request"]["prompt"] == prompt  # bodies only as fields
     assert line["request"]["completion_tokens"] == out["meta_info"]["completion_tokens"] == 3
+
+
+def test_speculative_series_sum_the_requests_counts(tiny_models):
+    """With n-gram drafting on, the spec counters equal the sums of the requests' own meta_info
+    counts, and the gauges the engine's since-start ratios."""
+    eng = Engine(model=str(tiny_models["llama"]), context_length=512, max_total_tokens=4096, stats_log_interval=0,
+                 speculative_algorithm="ngram")
+    try:
+        loop = "one two three four five six seven eight " * 6
+        metas = [o["meta_info"] for o in eng.generate([loop, loop + "one"], {**GREEDY, "max_new_tokens": 24})]
+        eng.observer.refresh()
+        stats = eng.get_stats()
+        m = eng.observer.metrics
+        count = lambda name: m.registry.get_sample_value(name, m.scheduler_labels)  # noqa: E731
+        proposed = sum(x["spec_num_proposed_drafts"] for x in metas)
+        assert proposed > 0 and count("radixgen:spec_proposed_drafts_total") == proposed
+        assert count("radixgen:spec_correct_drafts_total") == sum(x["spec_num_correct_drafts"] for x in metas)
+        assert count("radixgen:spec_verify_steps_total") == stats["spec_verify_ct"] > 0
+        assert gauge(eng, "sglang:spec_accept_length") == pytest.approx(stats["spec_accept_length"])
+        assert gauge(eng, "sglang:spec_accept_rate") == pytest.approx(stats["spec_accept_rate"])
+    finally:
+        eng.shutdown()

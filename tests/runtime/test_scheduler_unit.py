@@ -41,12 +41,16 @@ def fake_token(seed: int, pos: int) -> int:
     return 300 + (seed * 7919 + pos * 104729) % 3000
 
 
-def expected_output(req: Req) -> list[int]:
+def seeded_token(req: Req, pos: int) -> int:
+    return fake_token(req.seed, pos)
+
+
+def expected_output(req: Req, token_fn=seeded_token) -> list[int]:
     """The reference: token by token until eos, max_new_tokens or the context length."""
     out: list[int] = []
     n = len(req.input_ids)
     while len(out) < req.params.max_new_tokens:
-        tok = fake_token(req.seed, n + len(out))
+        tok = token_fn(req, n + len(out))
         out.append(tok)
         if (tok == EOS and not req.params.ignore_eos) or n + len(out) >= CONTEXT:
             break
@@ -54,36 +58,53 @@ def expected_output(req: Req) -> list[int]:
 
 
 class FakeWorker:
-    """Answers batches at once with `fake_token`; asserts the batch's inputs are the right tokens."""
+    """Answers batches at once with `token_fn(req, position)` (default: `fake_token` of the request's
+    seed); asserts the batch's inputs are the right tokens. A request verifying drafts has its
+    drafts as inputs after its chunk, and "samples" the true token after each draft prefix, as a
+    model would."""
 
     busy_seconds = 0.0
 
-    def __init__(self) -> None:
+    def __init__(self, token_fn=seeded_token, fast_decode_rows: int | None = None) -> None:
+        self.token_fn = token_fn
+        self.fast_decode_rows = fast_decode_rows
         self.last_sampled: list[int] = []
         self.batches = 0
+        self.drafts_seen = 0
 
     def submit(self, batch: ScheduledBatch) -> Future[StepOutput]:
         fb = batch.forward
         ids, pos = fb.input_ids.tolist(), fb.positions.tolist()
         offset = 0
-        for req, start, n in zip(batch.reqs, fb.prefix_lens, fb.extend_lens, strict=True):
+        sampled: list[list[int]] = []
+        last: list[int] = []
+        for i, req in enumerate(batch.reqs):
+            start, n, drafts = batch.starts[i], batch.extend_lens[i], batch.drafts[i]
+            chunk = n - len(drafts)
             for j in range(n):
                 tok = ids[offset + j]
                 if tok < 0:  # placeholder: the previous batch's sampled token
                     tok = self.last_sampled[-tok - 1]
                 p = pos[offset + j]
                 assert p == start + j
-                want = req.input_ids[p] if p < len(req.input_ids) else fake_token(req.seed, p)
-                assert tok == want, f"{req.rid}: input at position {p} is {tok}, expected {want}"
+                if j < chunk:
+                    want = req.input_ids[p] if p < len(req.input_ids) else self.token_fn(req, p)
+                    assert tok == want, f"{req.rid}: input at position {p} is {tok}, expected {want}"
+                else:
+                    assert tok == drafts[j - chunk], f"{req.rid}: draft input at {p} is {tok}"
             offset += n
-        sampled = [fake_token(req.seed, start + n) if s else -1
-                   for req, start, n, s in zip(batch.reqs, fb.prefix_lens, fb.extend_lens, batch.samples, strict=True)]
-        self.last_sampled = [t for t, s in zip(sampled, batch.samples, strict=True) if s]
+            self.drafts_seen += len(drafts)
+            if batch.samples[i]:
+                sampled.append([self.token_fn(req, start + chunk + j) for j in range(len(drafts) + 1)])
+                last.append(sampled[-1][-1])
+            else:
+                sampled.append([])
+        self.last_sampled = last
         self.batches += 1
         k = len(batch.reqs)
         fut: Future[StepOutput] = Future()
-        fut.set_result(StepOutput(sampled, [None] * k, [[] for _ in range(k)], [[] for _ in range(k)],
-                                  [[] for _ in range(k)]))
+        fut.set_result(StepOutput(sampled, [[None] * len(t) for t in sampled], [[[]] * len(t) for t in sampled],
+                                  [[] for _ in range(k)], [[] for _ in range(k)]))
         return fut
 
     def shutdown(self) -> None:
@@ -101,12 +122,12 @@ def shared_tokenizer():
 
 
 def make_scheduler(pool: int, running: int, chunk: int, page_size: int = 1, overlap: bool = True,
-                   radix: bool = True) -> Scheduler:
+                   radix: bool = True, worker: FakeWorker | None = None, **config) -> Scheduler:
     config = EngineConfig(max_total_tokens=max(pool, 16), max_running_requests=running, chunked_prefill_size=chunk,
-                          page_size=page_size, disable_overlap=not overlap, disable_radix_cache=not radix)
+                          page_size=page_size, disable_overlap=not overlap, disable_radix_cache=not radix, **config)
     kv = KVManager(ReqToTokenPool(running, CONTEXT + 1), TokenToKVPool(pool, 1, 1, 1, torch.float32), page_size,
                    not radix)
-    return Scheduler(config, FakeWorker(), kv, CONTEXT, {EOS}, start=False)
+    return Scheduler(config, worker or FakeWorker(), kv, CONTEXT, {EOS}, start=False)
 
 
 def make_req(tokenizer, rid: str, ids: list[int], max_new: int, seed: int,
@@ -137,6 +158,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 page=st.sampled_from([1, 1, 4]), overlap=st.booleans(), radix=st.sampled_from([True, True, False]))
     def setup(self, pool: int, running: int, chunk: int, page: int, overlap: bool, radix: bool) -> None:
         self.tok = shared_tokenizer()
+        self.token_fn = seeded_token
         self.s = make_scheduler(pool, running, chunk, page, overlap, radix)
         self.reqs: list[tuple[Req, list[dict]]] = []
 
@@ -180,7 +202,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         run_until_idle(self.s)
         for req, chunks in self.reqs:
             assert req.finished is not None and len(chunks) == 1, req.rid
-            want = expected_output(req)
+            want = expected_output(req, self.token_fn)
             if req.finished.type == "abort":
                 assert req.output_ids == want[: len(req.output_ids)], req.rid
                 continue
@@ -242,3 +264,15 @@ def test_check_catches_an_unbalanced_lock(tokenizer):
     s.kv.tree.inc_lock_ref(node)
     with pytest.raises(KVIntegrityError, match="lock"):
         s.kv.check([])
+
+
+def test_request_outgrowing_the_pool_is_aborted_not_stuck(tokenizer):
+    """A lone request whose sequence grows past the whole pool is retracted and could never be
+    prefilled again: it finishes with "abort" instead of hanging the scheduler."""
+    s = make_scheduler(pool=38, running=1, chunk=17, page_size=4, radix=False)
+    req, chunks = make_req(tokenizer, "a", [3000 + i for i in range(33)], 22, seed=5, ignore_eos=True)
+    s.add_request(req)
+    run_until_idle(s)
+    assert req.finished.type == "abort" and "outgrew the KV pool" in req.finished.message
+    assert req.output_ids == expected_output(req)[: len(req.output_ids)] and len(chunks) == 1
+    assert s.kv.used() == s.kv.tree.total_size()

@@ -2,8 +2,9 @@
 
 The worker turns the scheduler's batch into logits (ModelRunner), prompt logprobs where asked,
 and sampled tokens (Sampler: grammar bitmask, penalties, temperature, top-k/p, min-p, seeds).
-Batches run in submission order. A decode input may be a placeholder `-(i + 1)`: the i-th token
-sampled by the previous batch, resolved here (future token ids of the overlap schedule). Sampling
+Batches run in submission order. A decode input may be a placeholder `-(i + 1)`: the token the
+previous batch sampled last for its i-th sampling request, resolved here (future token ids of the
+overlap schedule). Sampling
 waits for the batch's `ready` event, which the scheduler sets once it has processed the earlier
 results, so penalties, RNG steps and grammar bitmasks are up to date.
 """
@@ -18,9 +19,9 @@ from concurrent.futures import Future
 import torch
 
 from radixgen.common.transfer import to_device
-from radixgen.grammar.base import allocate_bitmask
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.executor.sampling_rows import SamplingRows
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.sampling.sampler import Sampler
 from radixgen.sampling.torch_ops import SamplingBatch
@@ -38,6 +39,9 @@ class ModelWorker:
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(config.sampling_backend, runner.device)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
+        decode_in_c = runner.model.decode_in_c
+        # rows up to which a pure-decode step keeps the one-call C path (None: no such limit)
+        self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
         self.busy_seconds = 0.0  # time spent on batches, waits for `ready` excluded (written by this thread)
         self._queue: queue.Queue[tuple[ScheduledBatch, Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="radixgen-worker", daemon=True)
@@ -64,7 +68,7 @@ class ModelWorker:
             fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
         start = time.perf_counter()
         logits = self.runner.forward(fb)  # [L, V] float32
-        out = StepOutput([-1] * len(batch.reqs), [None] * len(batch.reqs), [[] for _ in batch.reqs])
+        out = StepOutput([[] for _ in batch.reqs], [[] for _ in batch.reqs], [[] for _ in batch.reqs])
         self._prompt_logprobs(batch, logits, out)
         waiting = time.perf_counter()
         batch.ready.wait()
@@ -74,36 +78,29 @@ class ModelWorker:
         return out
 
     def _sample(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
-        """Sample the batch's sampling rows into `out` (and remember them for placeholders)."""
-        idx = [i for i, s in enumerate(batch.samples) if s]
-        if not idx:
+        """Sample the batch's sampling rows (one per request, more for one verifying drafts:
+        `sampling_rows.py`) into `out`, and remember each request's last one for placeholders."""
+        rows = SamplingRows.build(batch, self.runner.vocab_size)
+        if not rows.requests:
             self._last_ids = None
             return
-        reqs = [batch.reqs[i] for i in idx]
-        rows = logits[[batch.sample_rows[i] for i in idx]]  # [S, V]
-        sb = SamplingBatch.build([r.params for r in reqs], [r.output_ids for r in reqs], [r.seed for r in reqs],
-                                 self.runner.vocab_size, self.eos_token_ids, self.runner.device)
-        res = self.sampler(rows, sb, self._grammar_bitmask(reqs))
-        self._last_ids = res.next_token_ids
+        sb = SamplingBatch.build(rows.params, rows.output_ids, rows.seeds, self.runner.vocab_size,
+                                 self.eos_token_ids, self.runner.device)
+        bitmask = to_device(rows.bitmask, self.runner.device) if rows.bitmask is not None else None
+        res = self.sampler(logits[rows.logits_rows], sb, bitmask)  # [S] tokens from [S, V] logits
+        last = rows.last_rows
+        self._last_ids = res.next_token_ids[last] if len(last) < len(rows.params) else res.next_token_ids
         tokens = res.next_token_ids.tolist()
-        lps = res.logprobs.tolist() if res.logprobs is not None else [None] * len(idx)
+        lps = res.logprobs.tolist() if res.logprobs is not None else [None] * len(tokens)
         tops = (_top_list(res.top_logprob_values, res.top_logprob_ids)
-                if res.top_logprob_ids is not None else [[] for _ in idx])
-        for j, i in enumerate(idx):
-            out.next_token_ids[i], out.logprobs[i] = tokens[j], lps[j]
-            out.top_logprobs[i] = tops[j][: batch.reqs[i].top_logprobs_num]
-
-    def _grammar_bitmask(self, reqs: list) -> torch.Tensor | None:
-        """int32 [S, ceil(V/32)] allowed-token bits of constrained rows (others all ones), or None."""
-        if all(r.grammar is None for r in reqs):
-            return None
-        bitmask = allocate_bitmask(len(reqs), self.runner.vocab_size)
-        for row, req in enumerate(reqs):
-            if req.grammar is not None:
-                if req.params.budget_aware:  # tokens it may still emit, this one included
-                    req.grammar.set_budget(req.params.max_new_tokens - len(req.output_ids))
-                req.grammar.fill_bitmask(bitmask, row)
-        return to_device(bitmask, self.runner.device)
+                if res.top_logprob_ids is not None else [[] for _ in tokens])
+        start = 0
+        for i, count in zip(rows.requests, rows.counts, strict=True):
+            end = start + count
+            k = batch.reqs[i].top_logprobs_num
+            out.sampled[i], out.logprobs[i] = tokens[start:end], lps[start:end]
+            out.top_logprobs[i] = [t[:k] for t in tops[start:end]]
+            start = end
 
     def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
         out.input_logprobs = [[] for _ in batch.reqs]

@@ -130,6 +130,14 @@ class EngineMetrics:
         self.realtime_tokens = counter("sglang:realtime_tokens_total",
                                        "Total number of tokens processed. mode: prefill_compute, prefill_cache, "
                                        "decode.", [*sched, "mode"])
+        # ---- speculative decoding (SGLang's gauge names; the counts are radixgen's)
+        self.spec_accept_length = gauge("sglang:spec_accept_length",
+                                        "The average acceptance length of speculative decoding.")
+        self.spec_accept_rate = gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.")
+        self.spec_verify = counter("radixgen:spec_verify_steps_total",
+                                   "Forward steps that gave tokens to requests that may draft.", sched)
+        self.spec_proposed = counter("radixgen:spec_proposed_drafts_total", "Draft tokens proposed.", sched)
+        self.spec_correct = counter("radixgen:spec_correct_drafts_total", "Draft tokens accepted.", sched)
         # ---- grammar
         self.grammar_time = histogram("sglang:grammar_compilation_time_seconds",
                                       "Histogram of grammar compilation time in seconds.", sched, GRAMMAR_BUCKETS)
@@ -159,7 +167,8 @@ class EngineMetrics:
                        self.generation_hist):
             metric.labels(**req)
         for metric in (self.queue_time, self.retracted, self.grammar_time, self.grammar_total, self.grammar_hits,
-                       self.jump_forward, self.forward_steps, self.worker_busy):
+                       self.jump_forward, self.forward_steps, self.worker_busy, self.spec_verify, self.spec_proposed,
+                       self.spec_correct):
             metric.labels(**sched)
         for mode in ("prefill_compute", "prefill_cache", "decode"):
             self.realtime_tokens.labels(**sched, mode=mode)
@@ -229,6 +238,11 @@ class EngineMetrics:
         self.jump_forward.labels(**s).inc(delta["jump_forward_tokens"])
         self.forward_steps.labels(**s).inc(delta["forward_steps"])
         self.worker_busy.labels(**s).inc(delta["worker_busy_seconds"])
+        self.spec_verify.labels(**s).inc(delta["spec_verify_ct"])
+        self.spec_proposed.labels(**s).inc(delta["spec_num_proposed_drafts"])
+        self.spec_correct.labels(**s).inc(delta["spec_num_correct_drafts"])
+        self.spec_accept_length.labels(**s).set(stats["spec_accept_length"])
+        self.spec_accept_rate.labels(**s).set(stats["spec_accept_rate"])
         for mode, key in (("prefill_compute", "prompt_tokens"), ("prefill_cache", "cached_prompt_tokens"),
                           ("decode", "generated_tokens")):
             self.realtime_tokens.labels(**s, mode=mode).inc(delta[key])
@@ -242,7 +256,8 @@ class EngineMetrics:
 
 
 COUNTED = ("retractions", "jump_forward_tokens", "forward_steps", "worker_busy_seconds", "prompt_tokens",
-           "cached_prompt_tokens", "generated_tokens")  # cumulative stats exported as counters
+           "cached_prompt_tokens", "generated_tokens", "spec_verify_ct", "spec_num_proposed_drafts",
+           "spec_num_correct_drafts")  # cumulative stats exported as counters
 
 
 def add_bucket_counts(child: Any, counts: BucketCounts) -> None:

@@ -42,7 +42,8 @@ class Admission:
         instead of retracting, so the in-flight batch is processed first.
         """
         kv = self.kv
-        active = [r for r in running if r.finished is None and not r.flight.skip]
+        # a request holding for its drafts' verification waits for it (see `speculator.py`)
+        active = [r for r in running if r.finished is None and not r.flight.skip and not r.flight.held]
         decodes = [r for r in active if r.is_decoding and r.wants_more]
         if kv.available() < len(decodes):
             if not can_retract:

@@ -47,6 +47,10 @@ class KVManager:
         """Slots that can be had now: free plus evictable from the tree."""
         return self.kv_pool.available_size() + self.tree.evictable_size()
 
+    def free(self) -> int:
+        """Slots free without evicting anything from the tree."""
+        return self.kv_pool.available_size()
+
     def used(self) -> int:
         return self.kv_pool.size - self.kv_pool.available_size()
 
@@ -118,6 +122,8 @@ class KVManager:
         """Put the request's computed KV in the tree (other requests may share it now) and move its lock."""
         kv = req.kv
         done = kv.done_kv_len  # a later chunk may be in flight: insert only computed KV
+        if kv.truncate_to is not None:  # and none that a pending cut drops (rejected drafts' KV)
+            done = min(done, kv.truncate_to)
         slots = self.req_pool.req_to_token[kv.pool_idx, :done].clone()
         new_slots, node = self.tree.cache_unfinished_req(req.radix_key(done), slots, kv.last_node, kv.locked_len)
         self.req_pool.write(kv.pool_idx, 0, new_slots)
@@ -133,7 +139,8 @@ class KVManager:
             if kv.last_node is not None:
                 self.unmatch(req)
             return
-        self.apply_truncate(req)  # KV of tokens a jump-forward replaced must not reach the tree
+        # KV of tokens a jump-forward replaced, or of drafts past the sequence's end, must not reach the tree
+        self.truncate(req, req.seq_len, idle=True)
         slots = self.req_pool.req_to_token[kv.pool_idx, : kv.kv_len].clone()  # all computed
         self.tree.cache_finished_req(req.radix_key(kv.kv_len), slots, kv.last_node, kv.locked_len)
         self.req_pool.free(kv.pool_idx)
@@ -142,9 +149,11 @@ class KVManager:
     # ------------------------------------------------------------------ jump-forward
 
     def truncate(self, req: Req, length: int, idle: bool) -> None:
-        """Cut the request's KV back to `length` tokens (a jump-forward replaced the tokens after it):
-        now when nothing of it is in flight (`idle`), else once it is (`apply_truncate`)."""
-        req.kv.truncate_to = min(req.kv.kv_len, length)
+        """Cut the request's KV back to `length` tokens (a jump-forward replaced the tokens after it,
+        or they were rejected drafts): now when nothing of it is in flight (`idle`), else once it is
+        (`apply_truncate`; a cut already pending there still applies if it is shorter)."""
+        kv = req.kv
+        kv.truncate_to = min(kv.kv_len, length, kv.truncate_to if kv.truncate_to is not None else length)
         if idle:
             self.apply_truncate(req)
 

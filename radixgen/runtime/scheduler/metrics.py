@@ -61,6 +61,10 @@ class SchedulerMetrics:
     retractions: int = 0
     forward_steps: int = 0
     jump_forward_tokens: int = 0
+    spec_verify_ct: int = 0  # forward steps that gave tokens to requests that may draft
+    spec_completion_tokens: int = 0  # output tokens of those steps (accepted drafts, sampled, jump-forward)
+    spec_num_proposed_drafts: int = 0
+    spec_num_correct_drafts: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
 
@@ -99,6 +103,12 @@ class SchedulerMetrics:
             retractions=self.retractions,
             forward_steps=self.forward_steps,
             jump_forward_tokens=self.jump_forward_tokens,
+            spec_verify_ct=self.spec_verify_ct,
+            spec_num_proposed_drafts=self.spec_num_proposed_drafts,
+            spec_num_correct_drafts=self.spec_num_correct_drafts,
+            spec_accept_rate=(self.spec_num_correct_drafts / self.spec_num_proposed_drafts
+                              if self.spec_num_proposed_drafts else 0.0),
+            spec_accept_length=self.spec_completion_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0,
             cache_hit_rate=self.cached_prompt_tokens / seen if seen else 0.0,
             prompt_throughput=self.prompt_tokens / elapsed,
             generation_throughput=self.generated_tokens / elapsed,

@@ -1,9 +1,11 @@
 """Output processing: a step's result for one request becomes its progress.
 
 Prompt logprobs are accumulated; a chunk that ends inside the prompt puts its computed KV in the
-tree; a sampled token is appended, checked against the stop conditions (stop token ids and eos,
-stop strings through the incremental detokenizer, the grammar's verdict, max_new_tokens, the
-context length), followed by a jump-forward where the request's grammar forces text, and streamed.
+tree; sampled tokens are appended (a row that verified drafts keeps the drafts equal to its
+samples and one sample more; the KV of the rest is dropped), each checked against the stop
+conditions (stop token ids and eos, stop strings through the incremental detokenizer, the
+grammar's verdict, max_new_tokens, the context length), so nothing past a stop is emitted;
+then a jump-forward where the request's grammar forces text, and the new text is streamed.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from radixgen.runtime.scheduler.jump_forward import plan_jump
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.metrics import SchedulerMetrics
 from radixgen.runtime.scheduler.request import CONSTRAINT_UNFOLLOWABLE, FinishReason, Req
+from radixgen.runtime.scheduler.speculator import Speculator
 
 
 class OutputProcessor:
     """Applies step results to requests and emits their output chunks (on the scheduler thread)."""
 
     def __init__(self, kv: KVManager, metrics: SchedulerMetrics, eos_token_ids: set[int], context_length: int,
-                 jump_forward: bool) -> None:
+                 jump_forward: bool, speculator: Speculator | None = None) -> None:
         self.kv = kv
         self.metrics = metrics
         self.eos_token_ids = eos_token_ids
         self.context_length = context_length
         self.jump_forward = jump_forward
+        self.speculator = speculator
 
     def on_result(self, req: Req, batch: ScheduledBatch, i: int, out: StepOutput,
                   now: float) -> tuple[FinishReason, str] | None:
@@ -38,24 +42,57 @@ class OutputProcessor:
             if req.kv.done_kv_len < req.seq_len:  # unfinished chunk: cache what is done
                 self.kv.cache_unfinished(req)
             return None
-        if batch.extend_lens[i] > 1 and self.kv.caching:
-            self.kv.cache_unfinished(req)  # the prompt is computed: later requests may share it now
-        token = out.next_token_ids[i]
-        req.output_ids.append(token)
-        self.metrics.generated_tokens += 1
+        drafts, sampled = batch.drafts[i], out.sampled[i]
+        accepted = 0  # drafts equal to the target's samples (sampled[j] is the token after drafts[:j])
+        while accepted < len(sampled) - 1 and sampled[accepted] == drafts[accepted]:
+            accepted += 1
+        if accepted < len(drafts):  # the KV of rejected drafts goes; a step launched on them is stale
+            chunk = batch.extend_lens[i] - len(drafts)
+            req.flight.skip = req.flight.batches
+            self.kv.truncate(req, batch.starts[i] + chunk + accepted, idle=req.flight.idle)
+        before = len(req.output_ids)
+        finish, delta = None, ""
+        for j, token in enumerate(sampled[: accepted + 1]):
+            req.output_ids.append(token)
+            if req.return_logprob:
+                req.output_logprobs.append((out.logprobs[i][j], token))
+                if req.top_logprobs_num:
+                    req.output_top_logprobs.append(out.top_logprobs[i][j])
+            finish, text = self._check_token(req, token)
+            delta += text
+            if finish is not None:
+                break
+        self._on_tokens(req, len(req.output_ids) - before, now)
+        if finish is None:
+            if batch.extend_lens[i] - len(drafts) > 1 and self.kv.caching:
+                self.kv.cache_unfinished(req)  # the prompt is computed: later requests may share it now
+            if req.grammar is not None and self.jump_forward and not req.return_logprob:
+                delta += self._jump(req)
+                if len(req.output_ids) >= req.params.max_new_tokens:
+                    finish = FinishReason("length")
+        if self.speculator is not None and req.spec is not None:
+            self.speculator.on_verified(req, len(drafts), accepted, len(req.output_ids) - before)
+        if finish is not None:
+            return finish, delta
+        if req.stream and delta:
+            req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
+        return None
+
+    def _on_tokens(self, req: Req, n: int, now: float) -> None:
+        """Latency metrics for `n` tokens that arrived together (the gap is spread over them)."""
+        self.metrics.generated_tokens += n
         if req.first_token_time is None:
             req.first_token_time = now
             self.metrics.on_first_token(now - req.created)
-        elif req.last_token_time is not None:
-            self.metrics.on_token_gap(now - req.last_token_time)
+            n, gap = n - 1, 0.0
+        else:
+            gap = (now - req.last_token_time) / max(n, 1)
+        for _ in range(n):
+            self.metrics.on_token_gap(gap)
         req.last_token_time = now
-        if req.return_logprob:
-            req.output_logprobs.append((out.logprobs[i], token))
-            if req.top_logprobs_num:
-                req.output_top_logprobs.append(out.top_logprobs[i])
-        return self._check_finish(req, token)
 
-    def _check_finish(self, req: Req, token: int) -> tuple[FinishReason, str] | None:
+    def _check_token(self, req: Req, token: int) -> tuple[FinishReason | None, str]:
+        """Whether the output ends with `token` (just appended); the text it adds."""
         p = req.params
         stop_ids = set(p.stop_token_ids or ())
         if not p.ignore_eos:
@@ -75,15 +112,7 @@ class OutputProcessor:
                 finish = FinishReason("stop")
         if finish is None and (len(req.output_ids) >= p.max_new_tokens or req.seq_len >= self.context_length):
             finish = FinishReason("length")
-        if finish is None and req.grammar is not None and self.jump_forward and not req.return_logprob:
-            delta += self._jump(req)
-            if len(req.output_ids) >= p.max_new_tokens:
-                finish = FinishReason("length")
-        if finish is not None:
-            return finish, delta
-        if req.stream and delta:
-            req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
-        return None
+        return finish, delta
 
     def _jump(self, req: Req) -> str:
         """Append the continuation the request's grammar forces; returns the text to emit."""

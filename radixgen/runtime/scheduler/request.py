@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from radixgen.radix_cache.radix_tree import RadixKey, TreeNode
+from radixgen.runtime.speculative.state import SpecState
 from radixgen.runtime.tokenizer import IncrementalDetokenizer
 from radixgen.sampling.params import SamplingParams
 
@@ -61,34 +62,41 @@ class Flight:
 
     `batches` launched batches hold the request; `pending` tokens sampled by them are not yet known
     to the scheduler, the latest at row `pending_ref` of its batch's sampled tokens (a later batch's
-    input placeholder points there); `skip` results are to be discarded because a jump-forward
-    replaced their inputs.
+    input placeholder points there); `skip` results are to be discarded because a jump-forward or
+    rejected drafts replaced their inputs. A row verifying k draft tokens counts 1 + k pending
+    tokens (as if every draft is accepted: a later batch may continue from there) until its result
+    says how many were; `held` such rows make the request wait for their result instead.
     """
 
     batches: int = 0
     pending: int = 0
     pending_ref: int = -1
     skip: int = 0
+    held: int = 0
 
     @property
     def idle(self) -> bool:
         return self.batches == 0
 
-    def launch(self, samples: bool, ref: int) -> None:
+    def launch(self, samples: bool, ref: int, drafts: int = 0, hold: bool = False) -> None:
         self.batches += 1
+        self.held += hold
         if samples:
-            self.pending += 1
+            self.pending += 1 + drafts
             self.pending_ref = ref
 
-    def land(self, sampled: bool) -> None:
+    def land(self, sampled: bool, drafts: int = 0, hold: bool = False) -> None:
         self.batches -= 1
+        self.held -= hold
         if sampled:
-            self.pending -= 1
+            self.pending -= 1 + drafts
 
 
-@dataclass
+@dataclass(eq=False)
 class Req:
-    """A request's tokens, cache state and output channel."""
+    """A request's tokens, cache state and output channel. Compared by identity: the queues'
+    `in` / `remove` must not compare every field of two requests (it did: 2.5 ms a finish with
+    1,000 requests waiting)."""
 
     rid: str
     input_ids: list[int]
@@ -109,6 +117,7 @@ class Req:
     finished: FinishReason | None = None
     to_abort: str | None = None
     grammar: Any = None  # per-request Grammar matcher (constrained decoding), or None
+    spec: SpecState | None = None  # speculative-decoding state (drafting requests only)
     # logprob accumulators: (logprob | None, token id) and top lists
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
@@ -191,6 +200,8 @@ class Req:
             m.update(self.grammar.meta())  # grammar_backend, grammar_warnings
             if m["finish_reason"] is not None and getattr(self.grammar, "forced", False):
                 m["finish_reason"]["forced"] = True  # budget-aware mode closed the output early
+        if self.spec is not None:
+            m.update(self.spec.meta_info(len(self.output_ids)))
         if self.return_logprob:
             m["input_token_logprobs"] = self.input_logprobs
             m["output_token_logprobs"] = self.output_logprobs

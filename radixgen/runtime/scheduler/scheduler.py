@@ -11,6 +11,13 @@ placeholder the worker resolves from N's sampled ids. N+1 samples only after thi
 processed N (the batch's `ready` event), so penalties, seeds and grammar bitmasks see every token.
 A request that turns out to have finished at N wastes its N+1 slot, which is freed afterwards.
 
+Speculative decoding (`speculative_algorithm="ngram"`): the speculator (`speculator.py`) gives some
+rows drafts, verified in the same forward (`batch.py`, `executor/sampling_rows.py`). How many drafts
+a row keeps is known only once its result is processed, after the next batch is built: the request
+either sits that batch out (`hold`) or is decoded in it as if all its drafts are accepted, a row
+discarded like a jump-forward's stale one when they are not. The KV of rejected drafts (and of a
+stale row) is freed once nothing of the request is in flight.
+
 The worker is injected (anything with `submit(batch) -> Future[StepOutput]`), so the scheduler
 runs against a fake in unit tests; with `start=False` the caller drives it with `step()`.
 """
@@ -32,6 +39,7 @@ from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.metrics import SchedulerMetrics
 from radixgen.runtime.scheduler.output import OutputProcessor
 from radixgen.runtime.scheduler.request import FinishReason, Req
+from radixgen.runtime.scheduler.speculator import Speculator
 from radixgen.runtime.threads import serial_torch_on_this_thread
 
 logger = logging.getLogger(__name__)
@@ -67,8 +75,15 @@ class Scheduler:
         self.kv = kv
         self.metrics = SchedulerMetrics()
         self.admission = Admission(config, kv, self.metrics)
+        self.speculator = None
+        if config.speculative_algorithm == "ngram":
+            self.speculator = Speculator(
+                config.speculative_num_draft_tokens, config.speculative_ngram_min_match_window_size,
+                config.speculative_ngram_max_match_window_size, context_length,
+                getattr(worker, "fast_decode_rows", None), config.device.split(":")[0],
+                overlap=not config.disable_overlap, metrics=self.metrics)
         self.output = OutputProcessor(kv, self.metrics, eos_token_ids, context_length,
-                                      jump_forward=not config.disable_jump_forward)
+                                      jump_forward=not config.disable_jump_forward, speculator=self.speculator)
         self.inbox: queue.Queue[Req | _Control] = queue.Queue()
         self.waiting: list[Req] = []
         self.running: list[Req] = []
@@ -161,9 +176,10 @@ class Scheduler:
             return
         batch = self._schedule(can_retract=self._inflight is None)
         future = self.worker.submit(batch) if batch is not None else None
+        landed = self._inflight is not None
         self._land_inflight()
         if batch is None:
-            if self.waiting or self.running:
+            if (self.waiting or self.running) and not landed:
                 time.sleep(0.001)  # nothing fits yet (KV held by running requests)
         else:
             batch.ready.set()  # the results before this batch are in: it may sample now
@@ -232,27 +248,35 @@ class Scheduler:
 
     def _schedule(self, can_retract: bool) -> ScheduledBatch | None:
         """Pick and lay out this step's batch; None when nothing can run yet."""
-        for req in [r for r in self.waiting + self.running if r.to_abort and not r.finished]:
-            self._finish(req, FinishReason("abort", message=req.to_abort))
+        for req in self.waiting + self.running:
+            if req.finished is None and req.seq_len > self.kv.capacity:  # retracted, it could never resume
+                req.to_abort = f"KV cache exhausted: the sequence ({req.seq_len} tokens) outgrew the KV pool"
+            if req.to_abort and not req.finished:
+                self._finish(req, FinishReason("abort", message=req.to_abort))
         plan = self.admission.plan(self.running, self.waiting, can_retract)
         if plan is None:
             return None
         reqs, lens = plan
+        proposal = None
+        if self.speculator is not None:
+            proposal = self.speculator.propose(reqs, lens, room=self.kv.free() - sum(lens))
+            lens = [n + len(d) for n, d in zip(lens, proposal.drafts, strict=True)]
         allocated = self.kv.allocate(reqs, lens)
         if allocated is None:  # a lone request larger than the whole pool
             self._finish(reqs[0], FinishReason("abort", message="KV cache exhausted"))
             return None
         loc, starts = allocated
         batch = ScheduledBatch.build(reqs, lens, starts, loc, self.kv.take_table_update(),
-                                     self.kv.req_pool.device_table.device)
-        for req, samples, ref in zip(reqs, batch.samples, batch.sample_refs, strict=True):
-            req.flight.launch(samples, ref)
+                                     self.kv.req_pool.device_table.device, *(
+                                         (proposal.drafts, proposal.hold) if proposal else ()))
+        for i, req in enumerate(reqs):
+            req.flight.launch(batch.samples[i], batch.sample_refs[i], len(batch.drafts[i]), batch.hold[i])
         return batch
 
     def _process(self, batch: ScheduledBatch, out: StepOutput) -> None:
         now = time.perf_counter()
         for i, req in enumerate(batch.reqs):
-            req.flight.land(batch.samples[i])
+            req.flight.land(batch.samples[i], len(batch.drafts[i]), batch.hold[i])
             self.kv.computed(req, batch.extend_lens[i])
             if req.finished is not None:  # finished at an earlier batch: this step was wasted
                 if req.flight.idle:

@@ -101,10 +101,15 @@ SHARED_PREFIX_MIN = 64  # shortest common prefix worth a separate attention call
 
 
 def _shared_prefix(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: list[int]) -> int:
-    """Length of the KV-slot prefix all requests share (0 if under SHARED_PREFIX_MIN or not on CPU)."""
+    """Length of the KV-slot prefix all requests share (0 if under SHARED_PREFIX_MIN or not on CPU).
+
+    Rows of one request alone (a decode verifying drafts: one row per draft) share nothing: they are
+    attended as plain decode rows, so their logits are the very ones plain decoding computes."""
     n = min(prefix_lens)
     if len(prefix_lens) < 2 or n < SHARED_PREFIX_MIN or req_to_token.device.type != "cpu":
         return 0  # on a GPU, finding it would sync on the device; the Triton path does not need it
+    if bool((req_pool_indices == req_pool_indices[0]).all()):
+        return 0
     slots = req_to_token[req_pool_indices, :n]  # [B, n]
     same = (slots == slots[:1]).all(0)  # [n]
     c = int(same.cumprod(0).sum())
