@@ -1,10 +1,13 @@
-"""Every C kernel's native (SIMD) build against its scalar reference build (-DRADIXGEN_SCALAR), and
-the C boundary's declarations: the ctypes bindings come from the header, the struct mirrors are
-checked against it.
+"""Every C kernel's SIMD builds against its scalar reference build (-DRADIXGEN_SCALAR), and the C
+boundary's declarations: the ctypes bindings come from the header, the struct mirrors are checked
+against it.
 
-The two builds run the same algorithms; they may differ by FMA contraction and the AVX2 exp
-approximation (~1e-7 relative), so results are compared to float tolerance, on shapes that cover
-the vector tails (dimensions not a multiple of 8 or 16, partial panels, odd head groups).
+The SIMD builds: the native one (-march=native, what the engine runs) and each narrower path this
+CPU can also run (AVX2, AVX-VNNI, AVX-512 VNNI; `build.PATH_VARIANTS`), so a CPU with AVX-512 tests
+the AVX2 code too. They run the same algorithms as the scalar build; they may differ by FMA
+contraction, summation order and the vector exp approximation (~1e-7 relative), so results are
+compared to float tolerance, on shapes that cover the vector tails (dimensions not a multiple of 8
+or 16, partial panels, odd head groups).
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import ctypes
 import pytest
 import torch
 
+from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
-from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from tests.runtime.test_block_gemm import random_gguf
@@ -24,18 +27,38 @@ pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is N
                                 reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(scope="module")
-def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    return ffi.library(), ffi.load("scalar")
+@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+def libs(request) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """(a SIMD build, the scalar build)."""
+    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    lib = ffi.load(request.param)
+    assert lib is not None, f"the {request.param} build failed"
+    lib.variant = request.param
+    return lib, ffi.load("scalar")
+
+
+def expected_paths(variant: str, flags: set[str]) -> set[str]:
+    """The SIMD paths a build should report, from the CPU's own flags (native) or the build's target."""
+    if variant != "native":
+        return {"avx2", variant}
+    paths = set()
+    if {"avx2", "fma", "f16c"} <= flags:
+        paths.add("avx2")
+        if "avx_vnni" in flags:
+            paths.add("avx-vnni")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
+            paths.add("avx512-vnni")
+            if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags:
+                paths.add("amx")
+    return paths
 
 
 def test_the_builds_run_different_paths(libs):
-    """The native build takes the SIMD paths this CPU has, so the diffs below compare two code paths."""
-    from pathlib import Path
-
-    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    """Each SIMD build takes the paths its target has (the native one: this CPU's, as /proc/cpuinfo
+    lists them), so the diffs below compare different code paths."""
     assert ffi.simd_path(libs[1]) == "scalar"
-    assert ffi.simd_path(libs[0]) == ("avx2" if {"avx2", "fma"} <= set(flags) else "scalar")
+    assert ffi.simd_features(libs[0]) == expected_paths(libs[0].variant, build.cpu_flags())
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:

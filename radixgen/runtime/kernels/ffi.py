@@ -117,11 +117,21 @@ def library() -> ctypes.CDLL | None:
     return load("native")
 
 
-SIMD_NAMES = {0: "scalar", 2: "avx2"}
+SIMD_BITS = {1: "avx2", 2: "avx-vnni", 4: "avx512-vnni", 8: "amx"}  # rg_simd_level's bits (simd_math.h)
+
+
+def simd_features(lib: ctypes.CDLL | None = None) -> set[str]:
+    """The SIMD paths a kernel library runs (empty for the scalar build, or when none could be built)."""
+    lib = lib or library()
+    level = 0 if lib is None else lib.rg_simd_level()
+    return {name for bit, name in SIMD_BITS.items() if level & bit}
 
 
 def simd_path(lib: ctypes.CDLL | None = None) -> str:
-    """Which SIMD paths a kernel library runs ("avx2", "scalar"), or "off" when none could be built."""
+    """Which SIMD paths a kernel library runs ("avx2+avx-vnni+avx512-vnni+amx", "avx2", "scalar"...),
+    or "off" when none could be built."""
     lib = lib or library()
-    return "off" if lib is None else SIMD_NAMES[lib.rg_simd_level()]
+    if lib is None:
+        return "off"
+    return "+".join(name for bit, name in SIMD_BITS.items() if lib.rg_simd_level() & bit) or "scalar"
 

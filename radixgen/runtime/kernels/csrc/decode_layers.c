@@ -13,11 +13,20 @@
 #include "simd_math.h"
 
 int rg_simd_level(void) {
+    int bits = 0;
 #ifdef RG_AVX2
-    return 2;
-#else
-    return 0;
+    bits |= RG_BIT_AVX2;
 #endif
+#ifdef RG_AVXVNNI
+    bits |= RG_BIT_AVXVNNI;
+#endif
+#ifdef RG_AVX512
+    bits |= RG_BIT_AVX512;
+#endif
+#ifdef RG_AMX
+    bits |= RG_BIT_AMX;
+#endif
+    return bits;
 }
 
 int64_t rg_sizeof_block_weight(void) { return (int64_t)sizeof(rg_block_weight); }

@@ -16,10 +16,10 @@
 
 /* A [n, k] weight in GGUF's 32-weight blocks, repacked in panels of 16 rows (block_gemm.c). */
 typedef struct {
-    int64_t bits;       /* 4 (Q4_0 / Q4_1) or 8 (Q8_0) */
-    const void *qs;     /* packed integers */
-    const float *scale; /* [panels, k / 32, 16] */
-    const float *minv;  /* [panels, k / 32, 16]; NULL for 8-bit */
+    int64_t bits;          /* 4 (Q4_0 / Q4_1) or 8 (Q8_0) */
+    const void *qs;        /* packed integers */
+    const uint16_t *scale; /* [panels, k / 32, 16] fp16 */
+    const uint16_t *minv;  /* [panels, k / 32, 16] fp16; NULL for 8-bit */
 } rg_block_weight;
 
 /* One decoder layer of the one-call decode step (decode_layers.c). */
@@ -58,7 +58,8 @@ typedef struct {
     int64_t n_shared;
 } rg_decode_step;
 
-/* The SIMD paths this build runs: 0 scalar (no SIMD, or -DRADIXGEN_SCALAR), 2 AVX2 + FMA. */
+/* The SIMD paths this build runs, a bit set (simd_math.h): 0 scalar (no SIMD, or -DRADIXGEN_SCALAR),
+ * 1 AVX2 + FMA, 2 AVX-VNNI, 4 AVX-512 with VNNI, 8 AMX (bf16 tiles). */
 int rg_simd_level(void);
 
 /* sizeof of the structs above, for ffi.py's check of its mirrors. */

@@ -1,11 +1,55 @@
-/* Small AVX2 helpers shared by the CPU kernels (header-only; part of every kernel's build key).
- * RG_AVX2 selects the AVX2 + FMA paths; without it (another CPU, or -DRADIXGEN_SCALAR for the scalar
- * reference build) every kernel runs its plain C path. */
+/* Which SIMD paths a build of the kernels runs, chosen from the compiler's target macros (the
+ * native build is -march=native, so the paths are this CPU's), and small helpers shared by the
+ * kernels (header-only; part of every kernel's build key).
+ *
+ *   RG_AVX2        AVX2 + FMA (+ F16C): 8-float vectors; int8 dot products by vpmaddubsw
+ *   RG_AVXVNNI     AVX-VNNI: 256-bit vpdpbusd (e.g. Alder Lake, Sierra Forest)
+ *   RG_AVX512      AVX-512 F/BW/VL/DQ with AVX512-VNNI: 16-float vectors, 512-bit vpdpbusd
+ *   RG_AMX         AMX tiles with bf16 dot products (and AVX512-BF16): the matrix units
+ *
+ * -DRADIXGEN_SCALAR turns all of them off: the plain C reference every path is tested against.
+ * Each RG_* flag bit below is what rg_simd_level() reports.
+ */
 #ifndef RADIXGEN_SIMD_MATH_H
 #define RADIXGEN_SIMD_MATH_H
-#if defined(__AVX2__) && defined(__FMA__) && !defined(RADIXGEN_SCALAR)
+#include <stdint.h>
+#include <string.h>
+
+#if !defined(RADIXGEN_SCALAR)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define RG_AVX2 1
 #endif
+#if defined(RG_AVX2) && defined(__AVXVNNI__)
+#define RG_AVXVNNI 1
+#endif
+#if defined(RG_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#define RG_AVX512 1
+#endif
+#if defined(RG_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
+    defined(__linux__)
+#define RG_AMX 1
+#endif
+#endif
+
+#define RG_BIT_AVX2 1
+#define RG_BIT_AVXVNNI 2
+#define RG_BIT_AVX512 4
+#define RG_BIT_AMX 8
+
+/* IEEE half -> float (the GGUF block scales), for the scalar paths. */
+static inline float rg_half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    float f;
+    if (e == 0) { /* zero or subnormal: m * 2^-24 */
+        f = (float)m * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    const uint32_t bits = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 #ifdef RG_AVX2
 #include <immintrin.h>
 
