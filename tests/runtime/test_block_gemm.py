@@ -56,13 +56,19 @@ def test_block_linear_matches_gguf_dequantized(qtype, m):
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
-    """Each output sums its products in one fixed order, so a row's result is bit-identical whether
-    it runs alone or among up to BLOCK_MAX_ROWS others (the 16-row groups and their remainders)."""
+    """Each output sums its products in one fixed order whatever the row count within a kernel path
+    (the vector path below `block_gemm_amx_rows()` rows, the AMX tiles from there), so a row's result is
+    bit-identical alone or among any others of its path (the 8-row groups, 16-row tiles, 128-row chunks
+    and their remainders); across the two paths it agrees to float precision."""
     w = pack_panels(from_gguf(random_gguf(qtype, 50, 128, 7), qtype))
-    x = torch.randn(BLOCK_MAX_ROWS, 128, generator=torch.Generator().manual_seed(3))
-    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(BLOCK_MAX_ROWS)])
-    for m in (2, 5, 16, 17, BLOCK_MAX_ROWS):
-        assert torch.equal(block_linear(x[:m], w), alone[:m])
+    x = torch.randn(140, 128, generator=torch.Generator().manual_seed(3))
+    amx_rows = library().block_gemm_amx_rows()
+    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(len(x))])
+    wide = block_linear(x, w)
+    for m in (2, 5, 9, 16, 17, 20, 40, 129, 140):
+        y = block_linear(x[:m], w)
+        assert torch.equal(y, alone[:m] if not amx_rows or m < amx_rows else wide[:m])
+        torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
 
 
 def test_rows_and_concat_keep_gguf_values():

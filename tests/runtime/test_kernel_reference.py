@@ -66,8 +66,10 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 20])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 20, 40, 130])
 def test_block_gemm(libs, qtype, m):
+    """Native from block_gemm_amx_rows() rows on runs the AMX tiles (2 x 2 tiles, an odd tile, a
+    partial 128-row chunk); below, and in the other builds, the vector paths."""
     n, k = 37, 96  # a partial last panel
     w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=m), qtype))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))

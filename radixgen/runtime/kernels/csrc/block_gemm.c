@@ -27,6 +27,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "amx_gemm.h"
 #include "radixgen_kernels.h"
 #include "simd_math.h"
 
@@ -36,6 +37,9 @@
 #define LIMBS 3
 #define LIMB_BASE 254.0f
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
+#endif
 
 /* One block of one activation row in limbs (128 bytes). */
 typedef struct {
@@ -268,9 +272,12 @@ static void panel_any(int bits, int mr, const uint8_t *qs, const uint16_t *d, co
 /* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
  * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, bits is not 4 or 8, or the
  * activation limbs cannot be allocated. */
+int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
+
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
     const int bits = (int)w->bits;
     if (k % QK != 0 || (bits != 4 && bits != 8)) return -1;
+    if (M >= AMX_MIN_ROWS && amx_ready()) return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
     xblock *xq = (xblock *)aligned_alloc(64, sizeof(xblock) * (size_t)(M * nb) + 64);

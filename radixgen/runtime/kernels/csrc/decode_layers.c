@@ -9,6 +9,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include "amx_gemm.h"
 #include "radixgen_kernels.h"
 #include "simd_math.h"
 
@@ -23,9 +24,7 @@ int rg_simd_level(void) {
 #ifdef RG_AVX512
     bits |= RG_BIT_AVX512;
 #endif
-#ifdef RG_AMX
-    bits |= RG_BIT_AMX;
-#endif
+    if (amx_ready()) bits |= RG_BIT_AMX;
     return bits;
 }
 

@@ -67,8 +67,12 @@ int64_t rg_sizeof_block_weight(void);
 int64_t rg_sizeof_layer(void);
 int64_t rg_sizeof_decode_step(void);
 
-/* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
+/* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c; from block_gemm_amx_rows() rows on, on AMX
+ * tiles: amx_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads);
+
+/* The row count from which block_gemm runs on AMX tiles; 0 when it never does (no AMX, or refused). */
+int64_t block_gemm_amx_rows(void);
 
 /* Decode attention over each request's keys start .. seq_lens[b] (decode_attention.c). */
 int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
