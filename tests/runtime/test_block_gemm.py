@@ -10,6 +10,7 @@ import torch
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
     block_linear,
+    block_rows_limit,
     concat_rows,
     from_gguf,
     library,
@@ -90,7 +91,15 @@ def test_bad_input_is_rejected():
         block_linear(torch.randn(2, 64, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="Q6_K"):
         from_gguf(np.zeros((1, 210), np.uint8), "Q6_K")
-    assert use_blocks(torch.randn(BLOCK_MAX_ROWS, 8)) and not use_blocks(torch.randn(BLOCK_MAX_ROWS + 1, 8))
+    assert not use_blocks(torch.randn(4, 8, dtype=torch.bfloat16))
+
+
+def test_block_path_row_limit():
+    """Up to BLOCK_MAX_ROWS rows on the vector paths; any number where AMX tiles take the wide ones."""
+    amx = library().block_gemm_amx_rows() > 0
+    assert block_rows_limit() == (None if amx else BLOCK_MAX_ROWS)
+    assert use_blocks(torch.randn(BLOCK_MAX_ROWS, 8))
+    assert use_blocks(torch.randn(2048, 8)) == amx
 
 
 def test_smollm2_decodes_through_block_weights(smollm2_path):

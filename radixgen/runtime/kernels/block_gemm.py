@@ -28,7 +28,7 @@ import torch
 from radixgen.runtime.kernels import ffi
 
 BLOCK = 32  # weights per block
-BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel beats the dense GEMM
+BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel's vector paths beat the dense GEMM
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 # bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -151,9 +151,19 @@ def library() -> ctypes.CDLL | None:
     return ffi.library()
 
 
+@functools.cache
+def block_rows_limit() -> int | None:
+    """Most activation rows for which the block kernel beats a dense float32 GEMM: None (any number)
+    where it runs on AMX tiles from `block_gemm_amx_rows()` rows on, else BLOCK_MAX_ROWS (its vector
+    paths; above that oneDNN's float32 GEMM is faster)."""
+    lib = library()
+    return None if lib is not None and lib.block_gemm_amx_rows() > 0 else BLOCK_MAX_ROWS
+
+
 def use_blocks(x: torch.Tensor) -> bool:
     """Whether `block_linear` is the faster choice for activations x [M, k]."""
-    return x.shape[0] <= BLOCK_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+    limit = block_rows_limit()
+    return (limit is None or x.shape[0] <= limit) and x.dtype == torch.float32 and x.device.type == "cpu"
 
 
 def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:

@@ -11,12 +11,13 @@ The model assembles the layers (`LlamaModel.bind_kv_pool`); this module knows no
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 
 import torch
 
 from radixgen.runtime.kernels import ffi
-from radixgen.runtime.kernels.block_gemm import BLOCK_MAX_ROWS, PanelWeight
+from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit
 
 
 @dataclass
@@ -46,9 +47,8 @@ class DecodeDims:
 class DecodeLayers:
     """The layer array of one model over one KV pool, and the call that runs a decode step on it."""
 
-    max_rows = BLOCK_MAX_ROWS  # decode rows up to which the block GEMMs (and so this path) apply
-
     def __init__(self, layers: list[LayerWeights], dims: DecodeDims) -> None:
+        self.max_rows = block_rows_limit() or sys.maxsize  # decode rows up to which the block GEMMs apply
         ptr = lambda t: t.data_ptr()  # noqa: E731
         self.layers = layers  # holds the tensors the structs point to
         self.table = (ffi.LayerC * len(layers))(*[

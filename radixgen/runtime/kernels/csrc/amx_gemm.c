@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "scratch.h"
 #include "simd_math.h"
 
 #ifdef RG_AMX
@@ -169,17 +170,13 @@ int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t 
     const int64_t nb = K / QK, panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
     const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
     const int64_t chunk_rows = M < CHUNK ? M : CHUNK, chunk_pad = (chunk_rows + MT - 1) / MT * MT;
-    uint16_t *limbs = (uint16_t *)aligned_alloc(64, (size_t)(3 * chunk_pad * K) * 2 + 64);
-    float *sums = (float *)aligned_alloc(64, (size_t)(chunk_pad * nb) * 4 + 64);
+    const size_t limb_bytes = (size_t)(3 * chunk_pad * K) * 2;  /* a multiple of 64: K % 32 == 0 */
+    uint16_t *limbs = (uint16_t *)rg_scratch(RG_SCRATCH_AMX_LIMBS, limb_bytes + (size_t)(chunk_pad * nb) * 4);
     /* per thread: the pair's B tiles [2][nb][16][32] bf16, four C tiles, accumulators [chunk_pad][32] */
     const size_t per_thread = (size_t)(2 * nb * 1024) + 4 * 1024 + (size_t)chunk_pad * 32 * 4;
-    uint8_t *scratch = (uint8_t *)aligned_alloc(64, per_thread * (size_t)nthreads);
-    if (limbs == NULL || sums == NULL || scratch == NULL) {
-        free(limbs);
-        free(sums);
-        free(scratch);
-        return -1;
-    }
+    uint8_t *scratch = (uint8_t *)rg_scratch(RG_SCRATCH_AMX_THREADS, per_thread * (size_t)nthreads);
+    if (limbs == NULL || scratch == NULL) return -1;
+    float *sums = (float *)((uint8_t *)limbs + limb_bytes);
     const uint8_t *qs = (const uint8_t *)w->qs;
     const uint16_t *d16 = (const uint16_t *)w->scale, *m16 = (const uint16_t *)w->minv;
     for (int64_t i0 = 0; i0 < M; i0 += CHUNK) {
@@ -259,9 +256,6 @@ int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t 
             _tile_release();
         }
     }
-    free(limbs);
-    free(sums);
-    free(scratch);
     return 0;
 }
 #else

@@ -29,6 +29,7 @@
 #include <string.h>
 #include "amx_gemm.h"
 #include "radixgen_kernels.h"
+#include "scratch.h"
 #include "simd_math.h"
 
 #define QK 32
@@ -280,7 +281,7 @@ int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, i
     if (M >= AMX_MIN_ROWS && amx_ready()) return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
-    xblock *xq = (xblock *)aligned_alloc(64, sizeof(xblock) * (size_t)(M * nb) + 64);
+    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, xq, nthreads);
     const uint8_t *qs = (const uint8_t *)w->qs;
@@ -294,6 +295,5 @@ int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, i
                       xq + i0 * nb, y + i0 * n + p * NR, n, nvalid);
         }
     }
-    free(xq);
     return 0;
 }

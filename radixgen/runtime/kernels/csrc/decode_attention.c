@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "radixgen_kernels.h"
+#include "scratch.h"
 #include "simd_math.h"
 
 #define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
@@ -161,7 +162,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
         if (seq_lens[b] <= start || seq_lens[b] > table_stride) return -1;
         if (seq_lens[b] - start > s_max) s_max = seq_lens[b] - start;
     }
-    float *bufs = (float *)malloc(sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
+    float *bufs = (float *)rg_scratch(RG_SCRATCH_ATTENTION, sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
     if (bufs == NULL) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t item = 0; item < B * Hkv; item++) {
@@ -185,7 +186,6 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
             heads_pass(2, (int)(G - g0 < GMAX ? G - g0 : GMAX), scores + g0 * S, v_buf, slots, S, hkv, D, Hkv * D, 0.0f,
                        bf16, og + g0 * D);
     }
-    free(bufs);
     return 0;
 }
 
@@ -224,7 +224,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
                               const float *lse_own, int nthreads) {
     const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
     const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
-    float *bufs = (float *)malloc(sizeof(float) * per_thread * (size_t)nthreads);
+    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * per_thread * (size_t)nthreads);
     if (bufs == NULL) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t item = 0; item < Hkv * groups; item++) {
@@ -307,7 +307,6 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             for (int64_t d = 0; d < D; d++) o[d] = (w_sh * ot[d * QB + j] / sum[j] + w_own * o[d]) * inv;
         }
     }
-    free(bufs);
     return 0;
 }
 #else
@@ -316,7 +315,7 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
                                 int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                                 const float *lse_own, int nthreads) {
     const int64_t G = H / Hkv;
-    float *bufs = (float *)malloc(sizeof(float) * (size_t)(C + D) * (size_t)nthreads);
+    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * (size_t)(C + D) * (size_t)nthreads);
     if (bufs == NULL) return -1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
     for (int64_t bh = 0; bh < B * H; bh++) {
@@ -345,7 +344,6 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
         float *ob = out + bh * D;
         for (int64_t d = 0; d < D; d++) ob[d] = (w_sh * o[d] / sum + w_own * ob[d]) * inv;
     }
-    free(bufs);
     return 0;
 }
 #endif

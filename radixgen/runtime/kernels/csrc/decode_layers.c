@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include "amx_gemm.h"
 #include "radixgen_kernels.h"
+#include "scratch.h"
 #include "simd_math.h"
 
 int rg_simd_level(void) {
@@ -39,7 +40,7 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
     const int64_t D = step->head_dim, inter = step->inter, C = step->n_shared;
     const int64_t qd = H * D, qkv_n = (H + 2 * Hkv) * D;
     const size_t floats = (size_t)T * (size_t)(2 * hidden + qkv_n + 2 * qd + H + 3 * inter + hidden);
-    float *work = (float *)malloc(sizeof(float) * floats);
+    float *work = (float *)rg_scratch(RG_SCRATCH_STEP, sizeof(float) * floats);
     if (work == NULL) return -1;
     float *x = work, *qkv = x + T * hidden, *q = qkv + T * qkv_n, *att = q + T * qd, *lse = att + T * qd;
     float *gu = lse + T * H, *act = gu + T * 2 * inter, *o = act + T * inter, *dn = o + T * hidden;
@@ -64,6 +65,5 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
         if ((rc = block_gemm(&layer->down, act, T, inter, hidden, dn, nthreads)) != 0) break;
         for (int64_t i = 0; i < T * hidden; i++) h[i] += dn[i];
     }
-    free(work);
     return rc;
 }
