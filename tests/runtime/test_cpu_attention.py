@@ -29,8 +29,11 @@ def naive(q, k_buf, v_buf, table, rows, lens, scale):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 64), (8, 2, 128), (12, 2, 48), (10, 1, 40),
                                                      (4, 4, 16)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype):
+@pytest.mark.parametrize("dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                           (torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
+def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype, q_dtype):
+    """K/V in each KV cache dtype (a float32 model with a 16-bit cache: q float32), against float64 on
+    the cache's own values."""
     g = torch.Generator().manual_seed(heads * 100 + head_dim)
     lens = torch.tensor([1, 2, 9, 17, 64, 300, 131])
     n_slots = int(lens.sum()) + 50
@@ -43,20 +46,20 @@ def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype):
     for r, n in zip(rows.tolist(), lens.tolist(), strict=True):
         table[r, :n] = free[start : start + n]
         start += n
-    q = torch.randn(len(lens), heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, head_dim, generator=g).to(q_dtype)
     scale = head_dim**-0.5
     out = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
     ref = naive(q.float(), k_buf.float(), v_buf.float(), table, rows, lens, scale)
-    assert out.dtype == dtype and out.shape == (len(lens), heads * head_dim)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert out.dtype == q_dtype and out.shape == (len(lens), heads * head_dim)
+    tol = 1e-5 if q_dtype == torch.float32 else 2e-2  # a bfloat16 output rounds
     assert (out.double() - ref).abs().max().item() <= tol
 
 
 def test_decode_attention_rejects_bad_input():
     q, kv = torch.randn(1, 4, 16), torch.randn(8, 2, 16)
     table, rows = torch.arange(8)[None], torch.tensor([0])
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
-        cpu_attention.decode_attention(q, kv.half(), kv.half(), table, rows, torch.tensor([3]), 0.25)
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        cpu_attention.decode_attention(q, kv.double(), kv.double(), table, rows, torch.tensor([3]), 0.25)
     with pytest.raises(RuntimeError, match="sequence length"):
         cpu_attention.decode_attention(q, kv, kv, table, rows, torch.tensor([9]), 0.25)
 
@@ -65,7 +68,8 @@ def test_backend_choice():
     cpu = torch.device("cpu")
     assert get_attention_backend("torch", cpu, torch.float32).c_decode
     assert not get_attention_backend("torch-sdpa", cpu, torch.float32).c_decode
-    assert not get_attention_backend("torch", cpu, torch.float16).c_decode
+    assert get_attention_backend("torch", cpu, torch.float16).c_decode
+    assert not get_attention_backend("torch", cpu, torch.float64).c_decode
 
 
 def test_engine_c_decode_equals_sdpa(tiny_models, engine_greedy_outputs):

@@ -64,6 +64,26 @@ def test_rope_store(heads, kv_heads, head_dim):
     assert not k_buf[untouched].any() and not v_buf[untouched].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope_store_rounds_like_torch(dtype):
+    """A 16-bit KV cache: v is stored exactly as torch rounds it to that dtype (nearest even, float16's
+    subnormals and overflow included), so the C and torch paths fill the cache alike."""
+    kv_heads, d, t = 2, 64, 3
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(t, kv_heads * d, generator=g) * torch.pow(10.0, torch.empty(t, kv_heads * d).uniform_(-9, 6,
+                                                                                                          generator=g))
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11, 65504.0, 65519.0, 65520.0, 2**-25, 3 * 2**-26,
+            1.5 * 2**-24, 2**-14 * (1 - 2**-11), -0.0, 1e-40, float("inf"), -float("inf"), -3e38]
+    v[0, : len(ties)] = torch.tensor(ties)
+    qkv = torch.cat([torch.zeros(t, 2 * kv_heads * d), v], 1)  # one query head per KV head, then k (0), then v
+    cos, sin = torch.ones(8, d // 2), torch.zeros(8, d // 2)
+    k_buf, v_buf = torch.zeros(5, kv_heads, d, dtype=dtype), torch.zeros(5, kv_heads, d, dtype=dtype)
+    loc = torch.tensor([3, 1, 4])
+    cpu_layer_ops.rope_store(qkv, kv_heads, kv_heads, cos, sin, torch.tensor([0, 1, 2]), loc, k_buf, v_buf)
+    expect = v.to(dtype).view(t, kv_heads, d)
+    assert torch.equal(v_buf[loc].view(torch.int16), expect.view(torch.int16))
+
+
 def test_rejects_non_contiguous():
     with pytest.raises(ValueError, match="contiguous"):
         cpu_layer_ops.silu_mul(torch.randn(8, 4).t())

@@ -88,7 +88,7 @@ def _table(batch: int, lens: list[int], n_slots: int, g: torch.Generator) -> tup
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (6, 1, 18), (4, 4, 16)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_decode_attention(libs, heads, kv_heads, head_dim, dtype):
     g = torch.Generator().manual_seed(heads + head_dim)
     lens = [1, 13, 40, 7]
@@ -138,7 +138,8 @@ def test_layer_ops(libs, n):
         close(a, b)
 
 
-def test_rope_store(libs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rope_store(libs, dtype):
     g = torch.Generator().manual_seed(1)
     heads, kv_heads, d, t = 6, 2, 18, 5
     qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g)
@@ -146,11 +147,11 @@ def test_rope_store(libs):
     positions, loc = torch.tensor([0, 3, 63, 9, 9]), torch.tensor([4, 1, 7, 2, 5])
     results = []
     for lib in libs:
-        x, kb, vb = qkv.clone(), torch.zeros(9, kv_heads, d), torch.zeros(9, kv_heads, d)
+        x, kb, vb = qkv.clone(), torch.zeros(9, kv_heads, d, dtype=dtype), torch.zeros(9, kv_heads, d, dtype=dtype)
         layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, lib=lib)
         results.append((x, kb, vb))
     for a, b in zip(*results, strict=True):
-        close(a, b)
+        close(a.float(), b.float())
 
 
 @pytest.mark.parametrize("shared", [0, 12])

@@ -13,7 +13,7 @@ import torch
 
 from radixgen.runtime.kernels import ffi
 
-KV_DTYPES = (torch.float32, torch.bfloat16)
+KV_DTYPES = tuple(ffi.KV_DTYPE_CODES)  # float32, bfloat16, float16
 
 
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:
@@ -40,7 +40,8 @@ def decode_attention(
     b, h, d = q.shape
     h_kv = k_buffer.shape[1]
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
-        raise ValueError(f"decode_attention: K/V must be float32 or bfloat16, got {k_buffer.dtype}/{v_buffer.dtype}")
+        raise ValueError(f"decode_attention: K/V must be float32, bfloat16 or float16, got {k_buffer.dtype}/"
+                         f"{v_buffer.dtype}")
     if req_to_token.dtype != torch.int64 or not req_to_token.is_contiguous():
         raise ValueError("decode_attention: req_to_token must be a contiguous int64 table")
     lib = lib or ffi.library()
@@ -51,7 +52,7 @@ def decode_attention(
     lse = torch.empty((b, h), dtype=torch.float32) if return_lse else None
     rows, seq_lens = rows.contiguous(), seq_lens.contiguous()
     rc = lib.decode_attention(
-        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), int(k_buffer.dtype == torch.bfloat16),
+        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
         req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(), start, b, h, h_kv, d,
         scale, out.data_ptr(), None if lse is None else lse.data_ptr(), torch.get_num_threads(),
     )
@@ -85,7 +86,7 @@ def shared_prefix_decode_attention(
     shared, qf = shared.contiguous(), q.float().contiguous()  # held: the C call reads their memory
     rc = lib.shared_prefix_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
-        int(k_buffer.dtype == torch.bfloat16), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
+        ffi.kv_dtype_code(k_buffer.dtype), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
         out.data_ptr(), lse_own.data_ptr(), torch.get_num_threads(),
     )
     if rc != 0:

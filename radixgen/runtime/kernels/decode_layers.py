@@ -26,7 +26,7 @@ class LayerWeights:
 
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden]
-    k_buffer: torch.Tensor  # [N, Hkv, D]
+    k_buffer: torch.Tensor  # [N, Hkv, D] float32, bfloat16 or float16
     v_buffer: torch.Tensor  # [N, Hkv, D]
     qkv: PanelWeight
     o: PanelWeight
@@ -56,6 +56,7 @@ class DecodeLayers:
                        w.gate_up.struct, w.down.struct)
             for w in layers])
         self.dims = dims
+        self.kv_dtype = ffi.kv_dtype_code(layers[0].k_buffer.dtype)
 
     @staticmethod
     def available() -> bool:
@@ -79,7 +80,7 @@ class DecodeLayers:
             eps=d.eps, scale=d.scale, cos_t=cos.data_ptr(), sin_t=sin.data_ptr(), positions=positions.data_ptr(),
             loc=loc.data_ptr(), req_to_token=req_to_token.data_ptr(), table_stride=req_to_token.shape[1],
             rows=rows.data_ptr(), seq_lens=seq_lens.data_ptr(), shared=None if shared is None else shared.data_ptr(),
-            n_shared=0 if shared is None else shared.numel())
+            n_shared=0 if shared is None else shared.numel(), kv_dtype=self.kv_dtype)
         rc = (lib or ffi.library()).decode_layers(ctypes.byref(self.table), len(self.layers), h.data_ptr(),
                                                   ctypes.byref(step), torch.get_num_threads())
         if rc != 0:

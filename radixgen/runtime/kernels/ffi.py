@@ -13,6 +13,8 @@ import ctypes
 import functools
 import re
 
+import torch
+
 from radixgen.runtime.kernels.build import CSRC, build
 
 HEADER = CSRC / "radixgen_kernels.h"
@@ -38,10 +40,20 @@ class DecodeStepC(ctypes.Structure):
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos_t", ctypes.c_void_p),
                 ("sin_t", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("loc", ctypes.c_void_p),
                 ("req_to_token", ctypes.c_void_p), ("table_stride", ctypes.c_int64), ("rows", ctypes.c_void_p),
-                ("seq_lens", ctypes.c_void_p), ("shared", ctypes.c_void_p), ("n_shared", ctypes.c_int64)]
+                ("seq_lens", ctypes.c_void_p), ("shared", ctypes.c_void_p), ("n_shared", ctypes.c_int64),
+                ("kv_dtype", ctypes.c_int64)]
 
 
 STRUCTS = {"rg_block_weight": BlockWeightC, "rg_layer": LayerC, "rg_decode_step": DecodeStepC}
+
+KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' kv_dtype arguments
+
+
+def kv_dtype_code(dtype: torch.dtype) -> int:
+    """The kernels' code for a KV cache element type (ValueError for one they do not read)."""
+    if dtype not in KV_DTYPE_CODES:
+        raise ValueError(f"the C kernels read float32, bfloat16 or float16 K/V, not {dtype}")
+    return KV_DTYPE_CODES[dtype]
 
 
 def _ctype(decl: str) -> object:

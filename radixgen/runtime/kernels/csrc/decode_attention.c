@@ -18,23 +18,18 @@
 #define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
 
 /* Prefetch the `bytes` of one key's head row starting at element `base`. */
-static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int bf16) {
-    const char *p = (const char *)buf + base * (bf16 ? 2 : 4);
+static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int kv) {
+    const char *p = (const char *)buf + base * rg_kv_bytes(kv);
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
 
-static inline float load1(const void *p, int64_t i, int bf16) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+static inline float load1(const void *p, int64_t i, int kv) { return rg_kv_load(p, i, kv); }
 
 #ifdef RG_AVX2
-static inline __m256 load8(const void *p, int64_t i, int bf16) {
-    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+static inline __m256 load8(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return _mm256_loadu_ps((const float *)p + i);
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (kv == RG_KV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
@@ -66,17 +61,17 @@ static float exp_sum(float *p, int64_t n, float max) {
 /* scores[g * S + s] = scale * dot(q_g, k_s) for g < G heads of one group; each K row is read once. */
 static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, float scale, int bf16, float *scores) {
-    const int64_t bytes = D * (bf16 ? 2 : 4);
+                                                           int64_t row_elems, float scale, int kv, float *scores) {
+    const int64_t bytes = D * rg_kv_bytes(kv);
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
 #ifdef RG_AVX2
         if (D % 8 == 0) {
             __m256 a[GMAX];
             for (int g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
-                const __m256 k = load8(k_buf, base + d, bf16);
+                const __m256 k = load8(k_buf, base + d, kv);
                 for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), k, a[g]);
             }
             for (int g = 0; g < G; g++) scores[g * S + s] = scale * hsum(a[g]);
@@ -85,7 +80,7 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
 #endif
         for (int g = 0; g < G; g++) {
             float a = 0.0f;
-            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, bf16);
+            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, kv);
             scores[g * S + s] = scale * a;
         }
     }
@@ -94,8 +89,8 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
 /* out[g] = sum_s probs[g * S + s] * v_s for g < G heads of one group (out zeroed by the caller). */
 static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, const void *v_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, int bf16, float *out) {
-    const int64_t bytes = D * (bf16 ? 2 : 4);
+                                                           int64_t row_elems, int kv, float *out) {
+    const int64_t bytes = D * rg_kv_bytes(kv);
 #ifdef RG_AVX2
     if (D % 16 == 0) {
         for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
@@ -104,8 +99,8 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
             for (int64_t s = 0; s < S; s++) {
                 const int64_t base = slots[s] * row_elems + hkv * D + d0;
                 if (d0 == 0 && s + PREFETCH_AHEAD < S)
-                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
-                const __m256 v0 = load8(v_buf, base, bf16), v1 = load8(v_buf, base + 8, bf16);
+                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+                const __m256 v0 = load8(v_buf, base, kv), v1 = load8(v_buf, base + 8, kv);
                 for (int g = 0; g < G; g++) {
                     const __m256 p = _mm256_broadcast_ss(probs + g * S + s);
                     a[g][0] = _mm256_fmadd_ps(p, v0, a[g][0]);
@@ -122,9 +117,9 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
 #endif
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
         for (int64_t d = 0; d < D; d++) {
-            const float v = load1(v_buf, base + d, bf16);
+            const float v = load1(v_buf, base + d, kv);
             for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * v;
         }
     }
@@ -132,11 +127,11 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
 
 /* Scores (pass 1) or values (pass 2) of heads g0 .. g0 + n (n <= GMAX) with a compile-time head count. */
 static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf, const int64_t *slots, int64_t S,
-                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int bf16, float *out) {
+                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int kv, float *out) {
 #define HEADS_CASE(N)                                                                                  \
     case N:                                                                                            \
-        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, bf16, out);    \
-        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, bf16, out);                     \
+        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);    \
+        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                     \
         return;
     switch (n) {
         HEADS_CASE(1)
@@ -147,12 +142,12 @@ static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf
 #undef HEADS_CASE
 }
 
-/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] float32 (bf16 = 0) or bfloat16 (bf16 = 1);
+/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] in the KV dtype kv (RG_KV_*: float32, bfloat16, float16);
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
  * Returns 0, or -1 on bad sizes or when the score buffers cannot be allocated. */
-int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
+int decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                      int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
                      int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads) {
     if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0) return -1;
@@ -173,7 +168,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
         float *og = out + (b * H + hkv * G) * D;
         for (int64_t g0 = 0; g0 < G; g0 += GMAX)
             heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, k_buf, slots, S, hkv, D, Hkv * D, scale,
-                       bf16, scores + g0 * S);
+                       kv, scores + g0 * S);
         for (int64_t g = 0; g < G; g++) {
             float *p = scores + g * S, max = p[0];
             for (int64_t s = 1; s < S; s++) max = p[s] > max ? p[s] : max;
@@ -184,7 +179,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
         memset(og, 0, sizeof(float) * (size_t)(G * D));
         for (int64_t g0 = 0; g0 < G; g0 += GMAX)
             heads_pass(2, (int)(G - g0 < GMAX ? G - g0 : GMAX), scores + g0 * S, v_buf, slots, S, hkv, D, Hkv * D, 0.0f,
-                       bf16, og + g0 * D);
+                       kv, og + g0 * D);
     }
     return 0;
 }
@@ -195,7 +190,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int b
 /* o^T[d0 .. d0 + NV] = sum_s v_s[d] * probs[s] over the C shared keys (NV x 3 accumulators). */
 static inline __attribute__((always_inline)) void shared_values(const int NV, const float *probs, const void *v_buf,
                                                                 const int64_t *shared, int64_t C, int64_t Hkv,
-                                                                int64_t D, int64_t hkv, int64_t d0, int bf16,
+                                                                int64_t D, int64_t hkv, int64_t d0, int kv,
                                                                 float *ot) {
     __m256 o[4][3];
     for (int i = 0; i < NV; i++) o[i][0] = o[i][1] = o[i][2] = _mm256_setzero_ps();
@@ -204,7 +199,7 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
         const float *p = probs + s * QB;
         const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8), p2 = _mm256_loadu_ps(p + 16);
         for (int i = 0; i < NV; i++) {
-            const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, bf16));
+            const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, kv));
             o[i][0] = _mm256_fmadd_ps(vb, p0, o[i][0]);
             o[i][1] = _mm256_fmadd_ps(vb, p1, o[i][1]);
             o[i][2] = _mm256_fmadd_ps(vb, p2, o[i][2]);
@@ -219,7 +214,7 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
 
 /* shared_prefix_attention with AVX2: NQ = B * G queries of each KV head in work items of QB, each
  * shared key read once per QB queries, scores and values as outer products (no horizontal sums). */
-static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
                               int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                               const float *lse_own, int nthreads) {
     const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
@@ -238,14 +233,14 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             }
         __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0;
         const __m256 sc = _mm256_set1_ps(scale);
-        const int64_t bytes = D * (bf16 ? 2 : 4);
+        const int64_t bytes = D * rg_kv_bytes(kv);
         int64_t s = 0;
         for (; s + 4 <= C; s += 4) {  /* 4 keys x 24 queries: each q vector loaded once per 4 keys */
             int64_t base[4];
             for (int j = 0; j < 4; j++) {
                 base[j] = shared[s + j] * Hkv * D + hkv * D;
                 if (s + j + PREFETCH_AHEAD < C)
-                    prefetch_row(k_buf, shared[s + j + PREFETCH_AHEAD] * Hkv * D + hkv * D, bytes, bf16);
+                    prefetch_row(k_buf, shared[s + j + PREFETCH_AHEAD] * Hkv * D + hkv * D, bytes, kv);
             }
             __m256 a[4][3];
             for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = a[j][2] = _mm256_setzero_ps();
@@ -253,7 +248,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
                 const __m256 q0 = _mm256_loadu_ps(qt + d * QB), q1 = _mm256_loadu_ps(qt + d * QB + 8);
                 const __m256 q2 = _mm256_loadu_ps(qt + d * QB + 16);
                 for (int j = 0; j < 4; j++) {
-                    const __m256 kb = _mm256_set1_ps(load1(k_buf, base[j] + d, bf16));
+                    const __m256 kb = _mm256_set1_ps(load1(k_buf, base[j] + d, kv));
                     a[j][0] = _mm256_fmadd_ps(q0, kb, a[j][0]);
                     a[j][1] = _mm256_fmadd_ps(q1, kb, a[j][1]);
                     a[j][2] = _mm256_fmadd_ps(q2, kb, a[j][2]);
@@ -272,7 +267,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             const int64_t base = shared[s] * Hkv * D + hkv * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
             for (int64_t d = 0; d < D; d++) {
-                const __m256 kb = _mm256_set1_ps(load1(k_buf, base + d, bf16));
+                const __m256 kb = _mm256_set1_ps(load1(k_buf, base + d, kv));
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB), kb, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 8), kb, a1);
                 a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 16), kb, a2);
@@ -293,8 +288,8 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             l0 = _mm256_add_ps(l0, e0); l1 = _mm256_add_ps(l1, e1); l2 = _mm256_add_ps(l2, e2);
         }
         int64_t d0 = 0;
-        for (; d0 + 4 <= D; d0 += 4) shared_values(4, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
-        for (; d0 < D; d0++) shared_values(1, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
+        for (; d0 + 4 <= D; d0 += 4) shared_values(4, probs, v_buf, shared, C, Hkv, D, hkv, d0, kv, ot);
+        for (; d0 < D; d0++) shared_values(1, probs, v_buf, shared, C, Hkv, D, hkv, d0, kv, ot);
         float mx[QB], sum[QB];
         _mm256_storeu_ps(mx, m0); _mm256_storeu_ps(mx + 8, m1); _mm256_storeu_ps(mx + 16, m2);
         _mm256_storeu_ps(sum, l0); _mm256_storeu_ps(sum + 8, l1); _mm256_storeu_ps(sum + 16, l2);
@@ -311,7 +306,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
 }
 #else
 /* The scalar reference of shared_prefix_attention: one (request, head) query at a time. */
-static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
                                 int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                                 const float *lse_own, int nthreads) {
     const int64_t G = H / Hkv;
@@ -326,7 +321,7 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
         for (int64_t s = 0; s < C; s++) {
             const int64_t base = shared[s] * Hkv * D + hkv * D;
             float a = 0.0f;
-            for (int64_t d = 0; d < D; d++) a += qh[d] * load1(k_buf, base + d, bf16);
+            for (int64_t d = 0; d < D; d++) a += qh[d] * load1(k_buf, base + d, kv);
             p[s] = scale * a;
             mx = p[s] > mx ? p[s] : mx;
         }
@@ -337,7 +332,7 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
         memset(o, 0, sizeof(float) * (size_t)D);
         for (int64_t s = 0; s < C; s++) {
             const int64_t base = shared[s] * Hkv * D + hkv * D;
-            for (int64_t d = 0; d < D; d++) o[d] += p[s] * load1(v_buf, base + d, bf16);
+            for (int64_t d = 0; d < D; d++) o[d] += p[s] * load1(v_buf, base + d, kv);
         }
         const float lse_sh = mx + logf(sum), lo = lse_own[bh], top = lse_sh > lo ? lse_sh : lo;
         const float w_sh = expf(lse_sh - top), w_own = expf(lo - top), inv = 1.0f / (w_sh + w_own);
@@ -352,13 +347,13 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
  * shared[0 .. C) that every request starts with, merged into out / lse_own: out [B, H, D] float32
  * and lse_own [B, H] hold each request's attention over its own later keys (decode_attention with
  * start = C). Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
-int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads) {
     if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
 #ifdef RG_AVX2
-    return shared_prefix_avx2(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
+    return shared_prefix_avx2(q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
 #else
-    return shared_prefix_scalar(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
+    return shared_prefix_scalar(q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
 #endif
 }

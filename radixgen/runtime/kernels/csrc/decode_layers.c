@@ -38,6 +38,7 @@ int64_t rg_sizeof_decode_step(void) { return (int64_t)sizeof(rg_decode_step); }
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads) {
     const int64_t T = step->tokens, hidden = step->hidden, H = step->heads, Hkv = step->kv_heads;
     const int64_t D = step->head_dim, inter = step->inter, C = step->n_shared;
+    const int kv = (int)step->kv_dtype;
     const int64_t qd = H * D, qkv_n = (H + 2 * Hkv) * D;
     const size_t floats = (size_t)T * (size_t)(2 * hidden + qkv_n + 2 * qd + H + 3 * inter + hidden);
     float *work = (float *)rg_scratch(RG_SCRATCH_STEP, sizeof(float) * floats);
@@ -50,13 +51,13 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
         add_rms_norm(h, NULL, layer->input_norm, T, hidden, step->eps, x, nthreads);
         if ((rc = block_gemm(&layer->qkv, x, T, hidden, qkv_n, qkv, nthreads)) != 0) break;
         rope_store(qkv, T, H, Hkv, D, step->cos_t, step->sin_t, step->positions, step->loc, layer->k_buf,
-                   layer->v_buf, nthreads);
+                   layer->v_buf, kv, nthreads);
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < qd; j++) q[t * qd + j] = qkv[t * qkv_n + j];
-        rc = decode_attention(q, layer->k_buf, layer->v_buf, 0, step->req_to_token, step->table_stride, step->rows,
+        rc = decode_attention(q, layer->k_buf, layer->v_buf, kv, step->req_to_token, step->table_stride, step->rows,
                               step->seq_lens, C, T, H, Hkv, D, step->scale, att, C > 0 ? lse : NULL, nthreads);
         if (rc == 0 && C > 0)
-            rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, 0, step->shared, C, T, H, Hkv, D, step->scale,
+            rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, kv, step->shared, C, T, H, Hkv, D, step->scale,
                                          att, lse, nthreads);
         if (rc != 0 || (rc = block_gemm(&layer->o, att, T, qd, hidden, o, nthreads)) != 0) break;
         add_rms_norm(h, o, layer->post_norm, T, hidden, step->eps, x, nthreads); /* h += o */

@@ -62,9 +62,9 @@ void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthread
 
 /* qkv [T, (H + 2 Hkv) D]: rotate the q and k heads in place (rotate-half layout; cos/sin tables
  * [P, D/2] read at positions[t]), then copy each token's k and v heads to k_buf / v_buf
- * [N, Hkv, D] at slot loc[t]. */
+ * [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype (RG_KV_*, rounding to nearest even). */
 void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
-                const int64_t *positions, const int64_t *loc, float *k_buf, float *v_buf, int nthreads) {
+                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads) {
     const int64_t row = (H + 2 * Hkv) * D, half = D / 2;
 #pragma omp parallel for num_threads(nthreads) if (T * row >= PARALLEL_MIN)
     for (int64_t t = 0; t < T; t++) {
@@ -78,7 +78,7 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
                 b[i] = x2 * c[i] + x1 * s[i];
             }
         }
-        memcpy(k_buf + loc[t] * Hkv * D, x + H * D, sizeof(float) * (size_t)(Hkv * D));
-        memcpy(v_buf + loc[t] * Hkv * D, x + (H + Hkv) * D, sizeof(float) * (size_t)(Hkv * D));
+        rg_kv_store(k_buf, loc[t] * Hkv * D, x + H * D, Hkv * D, kv_dtype);
+        rg_kv_store(v_buf, loc[t] * Hkv * D, x + (H + Hkv) * D, Hkv * D, kv_dtype);
     }
 }

@@ -50,6 +50,66 @@ static inline float rg_half_to_float(uint16_t h) {
     return f;
 }
 
+/* float -> IEEE half, rounding to nearest even (as torch's .half()), for the scalar paths. */
+static inline uint16_t rg_float_to_half(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    const uint32_t a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u);  /* NaN */
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);  /* rounds to >= 65520: inf */
+    if (a < 0x38800000u) {  /* below 2^-14: a subnormal half (or zero), m * 2^-24 */
+        if (a < 0x33000000u) return sign;  /* below 2^-25: rounds to zero */
+        const uint32_t m = (a & 0x7FFFFFu) | 0x800000u, shift = 126u - (a >> 23);  /* 14..24 */
+        uint32_t h = m >> shift;
+        const uint32_t rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+        if (rest > half || (rest == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((a >> 13) - (112u << 10));  /* rebias the exponent, keep 10 mantissa bits */
+    const uint32_t rest = a & 0x1FFFu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;  /* may carry into the exponent: fine */
+    return (uint16_t)(sign | h);
+}
+
+/* float -> bfloat16, rounding to nearest even (as torch's .bfloat16()); NaN stays NaN. */
+static inline uint16_t rg_float_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((x >> 16) | 0x40u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+static inline float rg_bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* KV cache element types (the kv_dtype arguments of radixgen_kernels.h). */
+#define RG_KV_F32 0
+#define RG_KV_BF16 1
+#define RG_KV_F16 2
+
+static inline int64_t rg_kv_bytes(int kv) { return kv == RG_KV_F32 ? 4 : 2; }
+
+static inline float rg_kv_load(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    return kv == RG_KV_BF16 ? rg_bf16_to_float(h) : rg_half_to_float(h);
+}
+
+/* dst[i0 .. i0 + n) = src[0 .. n) converted to the KV type. */
+static inline void rg_kv_store(void *dst, int64_t i0, const float *src, int64_t n, int kv) {
+    if (kv == RG_KV_F32) {
+        memcpy((float *)dst + i0, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst + i0;
+    for (int64_t i = 0; i < n; i++) d[i] = kv == RG_KV_BF16 ? rg_float_to_bf16(src[i]) : rg_float_to_half(src[i]);
+}
+
 #ifdef RG_AVX2
 #include <immintrin.h>
 
