@@ -5,8 +5,9 @@ runs a whole decode step through the GEMM, attention and layer-op kernels) with 
 compiler (`CC`, default `cc`), into the user cache, keyed by the sources, headers, flags and CPU
 flags, so later runs just load it. Two variants: `native` (`-march=native`: the SIMD paths this CPU
 has) and `scalar` (`-DRADIXGEN_SCALAR`, no SIMD: the reference the tests diff the native build
-against). torch is imported first, so the library shares torch's OpenMP runtime (same soname, one
-thread team) instead of starting a second one. `ffi.py` loads and binds the result.
+against); tests also build the narrower SIMD paths this CPU can run (`PATH_VARIANTS`). The kernels
+run on their own threads (`csrc/thread_pool.c`), not OpenMP, so torch's OpenMP teams, the user's
+included, do not slow them. `ffi.py` loads and binds the result.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import torch  # noqa: F401  (loads libgomp before any kernel library)
-
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-COMMON_FLAGS = ["-fopenmp", "-shared", "-fPIC", "-Wl,-Bsymbolic"]  # Bsymbolic: calls between kernels stay
+COMMON_FLAGS = ["-pthread", "-shared", "-fPIC", "-Wl,-Bsymbolic"]  # Bsymbolic: calls between kernels stay
 # inside their own library when both variants are loaded in one process
 VARIANT_FLAGS = {"native": ["-O3", "-march=native"], "scalar": ["-O2", "-DRADIXGEN_SCALAR"]}
 # Builds of the narrower SIMD paths, for tests on a CPU that has more (each is diffed against the

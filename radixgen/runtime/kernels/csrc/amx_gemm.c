@@ -12,7 +12,7 @@
  * (y += d * C + m * sum_k x_k).
  *
  * Work: M in chunks of up to 128 rows (their limb tiles stay in L2); in a chunk, pairs of 16-row
- * weight panels over OpenMP threads. A thread unpacks its pair's blocks to bfloat16 B tiles once per
+ * weight panels over the kernels' threads (thread_pool.c). A thread unpacks its pair's blocks to bfloat16 B tiles once per
  * chunk (16 rows of k pairs, the panel rows' two values side by side), then for each block and pair
  * of 16-row activation tiles: 2 x 2 result tiles, each limb's 2 activation tiles loaded once for
  * both panels, 12 tile products, 4 tile stores folded into float32 accumulators. Tile rows must be
@@ -30,9 +30,9 @@
 
 #include "scratch.h"
 #include "simd_math.h"
+#include "thread_pool.h"
 
 #ifdef RG_AMX
-#include <omp.h>
 #include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -95,19 +95,26 @@ static void configure_tiles(void) {
  * `rows` zero) and the block sums [rows_pad][K / 32]. hi keeps x's top 16 bits, mid the next 8
  * significant bits of the rest, lo the rest: each subtraction is exact and the last rest fits a
  * bfloat16, so hi + mid + lo == x. */
-static void split_rows(const float *x, int64_t rows, int64_t rows_pad, int64_t K, uint16_t *tiles, float *sums,
-                       int nthreads) {
-    const int64_t nb = K / QK;
-#pragma omp parallel for num_threads(nthreads) if (rows * K >= 65536)
-    for (int64_t i = 0; i < rows_pad; i++) {
+typedef struct {
+    const float *x;
+    int64_t rows, K;
+    uint16_t *tiles;
+    float *sums;
+} split_job;
+
+static void split_range(void *job, int64_t begin, int64_t end, int tid) {
+    const split_job *j = (const split_job *)job;
+    const int64_t K = j->K, nb = K / QK;
+    (void)tid;
+    for (int64_t i = begin; i < end; i++) {
         for (int64_t b = 0; b < nb; b++) {
             __m512 r[2], s = _mm512_setzero_ps();
             for (int h = 0; h < 2; h++) {
-                r[h] = i < rows ? _mm512_loadu_ps(x + i * K + b * QK + 16 * h) : _mm512_setzero_ps();
+                r[h] = i < j->rows ? _mm512_loadu_ps(j->x + i * K + b * QK + 16 * h) : _mm512_setzero_ps();
                 s = _mm512_add_ps(s, r[h]);
             }
-            sums[i * nb + b] = _mm512_reduce_add_ps(s);
-            uint16_t *tile = tiles + ((i / MT * nb + b) * 3 * MT + i % MT) * QK;  /* limb l at + l * MT * QK */
+            j->sums[i * nb + b] = _mm512_reduce_add_ps(s);
+            uint16_t *tile = j->tiles + ((i / MT * nb + b) * 3 * MT + i % MT) * QK;  /* limb l at + l * MT * QK */
             for (int l = 0; l < 3; l++)
                 for (int h = 0; h < 2; h++) {
                     const __m512i bits = _mm512_and_si512(_mm512_castps_si512(r[h]), _mm512_set1_epi32((int)0xFFFF0000u));
@@ -117,6 +124,12 @@ static void split_rows(const float *x, int64_t rows, int64_t rows_pad, int64_t K
                 }
         }
     }
+}
+
+static void split_rows(const float *x, int64_t rows, int64_t rows_pad, int64_t K, uint16_t *tiles, float *sums,
+                       int nthreads) {
+    split_job job = {x, rows, K, tiles, sums};
+    rg_parallel(rows * K >= 65536 ? nthreads : 1, rows_pad, RG_STATIC, split_range, &job);
 }
 
 /* bfloat16 of q = 0..15 (exact), split in bytes for vpshufb lookups */
@@ -164,6 +177,98 @@ static void unpack_panel(int bits, const uint8_t *qs, int64_t nb, uint16_t *out)
     }
 }
 
+typedef struct {
+    int bits;
+    const uint8_t *qs;
+    const uint16_t *d16, *m16;
+    int64_t nb, panels, panel_bytes, N;
+    const uint16_t *limbs;
+    const float *sums;
+    int64_t rows, rows_pad;
+    uint8_t *scratch;
+    size_t per_thread;
+    float *y;  /* the chunk's first output row */
+} pairs_job;
+
+/* Pairs of weight panels [begin, end) against the chunk's activation tiles, on thread tid. */
+static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
+    const pairs_job *pj = (const pairs_job *)job;
+    const int bits = pj->bits;
+    const uint8_t *qs = pj->qs;
+    const uint16_t *d16 = pj->d16, *m16 = pj->m16, *limbs = pj->limbs;
+    const float *sums = pj->sums;
+    const int64_t nb = pj->nb, panels = pj->panels, panel_bytes = pj->panel_bytes, N = pj->N, rows = pj->rows;
+    const int64_t rows_pad = pj->rows_pad, tiles = rows_pad / MT;
+    uint8_t *mine = pj->scratch + pj->per_thread * (size_t)tid;
+    uint16_t *btiles = (uint16_t *)mine;
+    float *cbuf = (float *)(mine + 2 * nb * 1024), *acc = cbuf + 4 * 256;  /* cbuf: [tile][panel][16][16] */
+    configure_tiles();
+    for (int64_t pair = begin; pair < end; pair++) {
+        const int64_t p0 = 2 * pair;
+        /* a missing second panel multiplies zeros (its tiles are unpacked from a zero panel) */
+        const int np = p0 + 1 < panels ? 2 : 1;
+        for (int j = 0; j < np; j++) unpack_panel(bits, qs + (p0 + j) * panel_bytes, nb, btiles + j * nb * 512);
+        if (np == 1) memset(btiles + nb * 512, 0, (size_t)nb * 1024);
+        memset(acc, 0, sizeof(float) * (size_t)rows_pad * 32);
+        for (int64_t b = 0; b < nb; b++) {
+            TILE_LOAD(B0, btiles + b * 512, 64);
+            TILE_LOAD(B1, btiles + (nb + b) * 512, 64);
+            __m512 d[2], m[2];
+            for (int j = 0; j < 2; j++) {
+                const int64_t off = ((p0 + (j < np ? j : 0)) * nb + b) * NR;
+                d[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + off)));
+                m[j] = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m16 + off)))
+                                 : _mm512_setzero_ps();
+            }
+            for (int64_t t = 0; t < tiles; t += 2) {
+                const int two = t + 1 < tiles;  /* a second activation tile */
+                const uint16_t *a0 = limbs + (t * nb + b) * 3 * MT * QK;
+                const uint16_t *a1 = a0 + nb * 3 * MT * QK;
+                TILE_ZERO(C00);
+                TILE_ZERO(C01);
+                if (two) {
+                    TILE_ZERO(C10);
+                    TILE_ZERO(C11);
+                }
+                for (int l = 0; l < 3; l++) {
+                    TILE_LOAD(A0, a0 + l * MT * QK, 64);
+                    TILE_DP(C00, A0, B0);
+                    TILE_DP(C01, A0, B1);
+                    if (two) {
+                        TILE_LOAD(A1, a1 + l * MT * QK, 64);
+                        TILE_DP(C10, A1, B0);
+                        TILE_DP(C11, A1, B1);
+                    }
+                }
+                TILE_STORE(C00, cbuf, 64);
+                TILE_STORE(C01, cbuf + 256, 64);
+                if (two) {
+                    TILE_STORE(C10, cbuf + 512, 64);
+                    TILE_STORE(C11, cbuf + 768, 64);
+                }
+                for (int i = 0; i <= two; i++)
+                    for (int r = 0; r < MT; r++) {
+                        const int64_t row = (t + i) * MT + r;
+                        const __m512 s = _mm512_set1_ps(sums[row * nb + b]);
+                        for (int j = 0; j < 2; j++) {
+                            float *ar = acc + row * 32 + 16 * j;
+                            __m512 v = _mm512_fmadd_ps(_mm512_load_ps(cbuf + (2 * i + j) * 256 + 16 * r), d[j],
+                                                       _mm512_load_ps(ar));
+                            if (bits == 4) v = _mm512_fmadd_ps(m[j], s, v);
+                            _mm512_store_ps(ar, v);
+                        }
+                    }
+            }
+        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int j = 0; j < np; j++) {
+                const int64_t col = (p0 + j) * NR, cnt = N - col < NR ? N - col : NR;
+                memcpy(pj->y + r * N + col, acc + r * 32 + 16 * j, sizeof(float) * (size_t)cnt);
+            }
+    }
+    _tile_release();
+}
+
 int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t K, int64_t N, float *y, int nthreads) {
     const int bits = (int)w->bits;
     if (K % QK != 0 || (bits != 4 && bits != 8) || !amx_ready()) return -1;
@@ -181,80 +286,10 @@ int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t 
     const uint16_t *d16 = (const uint16_t *)w->scale, *m16 = (const uint16_t *)w->minv;
     for (int64_t i0 = 0; i0 < M; i0 += CHUNK) {
         const int64_t rows = M - i0 < CHUNK ? M - i0 : CHUNK, rows_pad = (rows + MT - 1) / MT * MT;
-        const int64_t tiles = rows_pad / MT;
         split_rows(x + i0 * K, rows, rows_pad, K, limbs, sums, nthreads);
-#pragma omp parallel num_threads(nthreads)
-        {
-            configure_tiles();
-            uint8_t *mine = scratch + per_thread * (size_t)omp_get_thread_num();
-            uint16_t *btiles = (uint16_t *)mine;
-            float *cbuf = (float *)(mine + 2 * nb * 1024), *acc = cbuf + 4 * 256;  /* cbuf: [tile][panel][16][16] */
-#pragma omp for schedule(static)
-            for (int64_t pair = 0; pair < pairs; pair++) {
-                const int64_t p0 = 2 * pair;
-                /* a missing second panel multiplies zeros (its tiles are unpacked from a zero panel) */
-                const int np = p0 + 1 < panels ? 2 : 1;
-                for (int j = 0; j < np; j++) unpack_panel(bits, qs + (p0 + j) * panel_bytes, nb, btiles + j * nb * 512);
-                if (np == 1) memset(btiles + nb * 512, 0, (size_t)nb * 1024);
-                memset(acc, 0, sizeof(float) * (size_t)rows_pad * 32);
-                for (int64_t b = 0; b < nb; b++) {
-                    TILE_LOAD(B0, btiles + b * 512, 64);
-                    TILE_LOAD(B1, btiles + (nb + b) * 512, 64);
-                    __m512 d[2], m[2];
-                    for (int j = 0; j < 2; j++) {
-                        const int64_t off = ((p0 + (j < np ? j : 0)) * nb + b) * NR;
-                        d[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + off)));
-                        m[j] = bits == 4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m16 + off)))
-                                         : _mm512_setzero_ps();
-                    }
-                    for (int64_t t = 0; t < tiles; t += 2) {
-                        const int two = t + 1 < tiles;  /* a second activation tile */
-                        const uint16_t *a0 = limbs + (t * nb + b) * 3 * MT * QK;
-                        const uint16_t *a1 = a0 + nb * 3 * MT * QK;
-                        TILE_ZERO(C00);
-                        TILE_ZERO(C01);
-                        if (two) {
-                            TILE_ZERO(C10);
-                            TILE_ZERO(C11);
-                        }
-                        for (int l = 0; l < 3; l++) {
-                            TILE_LOAD(A0, a0 + l * MT * QK, 64);
-                            TILE_DP(C00, A0, B0);
-                            TILE_DP(C01, A0, B1);
-                            if (two) {
-                                TILE_LOAD(A1, a1 + l * MT * QK, 64);
-                                TILE_DP(C10, A1, B0);
-                                TILE_DP(C11, A1, B1);
-                            }
-                        }
-                        TILE_STORE(C00, cbuf, 64);
-                        TILE_STORE(C01, cbuf + 256, 64);
-                        if (two) {
-                            TILE_STORE(C10, cbuf + 512, 64);
-                            TILE_STORE(C11, cbuf + 768, 64);
-                        }
-                        for (int i = 0; i <= two; i++)
-                            for (int r = 0; r < MT; r++) {
-                                const int64_t row = (t + i) * MT + r;
-                                const __m512 s = _mm512_set1_ps(sums[row * nb + b]);
-                                for (int j = 0; j < 2; j++) {
-                                    float *ar = acc + row * 32 + 16 * j;
-                                    __m512 v = _mm512_fmadd_ps(_mm512_load_ps(cbuf + (2 * i + j) * 256 + 16 * r), d[j],
-                                                               _mm512_load_ps(ar));
-                                    if (bits == 4) v = _mm512_fmadd_ps(m[j], s, v);
-                                    _mm512_store_ps(ar, v);
-                                }
-                            }
-                    }
-                }
-                for (int64_t r = 0; r < rows; r++)
-                    for (int j = 0; j < np; j++) {
-                        const int64_t col = (p0 + j) * NR, cnt = N - col < NR ? N - col : NR;
-                        memcpy(y + (i0 + r) * N + col, acc + r * 32 + 16 * j, sizeof(float) * (size_t)cnt);
-                    }
-            }
-            _tile_release();
-        }
+        pairs_job job = {bits, qs, d16, m16, nb, panels, panel_bytes, N, limbs, sums, rows, rows_pad, scratch,
+                         per_thread, y + i0 * N};
+        rg_parallel(nthreads, pairs, RG_STATIC, pairs_range, &job);
     }
     return 0;
 }

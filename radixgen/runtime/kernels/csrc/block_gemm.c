@@ -21,7 +21,7 @@
  *   8-bit: qs[p][b][g][c][t], g < 8: q at k = 4g + t (int8)
  *   d, m:  [p][b][c] fp16
  * Every output sums its products in the same order whatever M is, so a row's result does not
- * depend on its batch-mates. Panels are split over OpenMP threads (torch's runtime).
+ * depend on its batch-mates. Panels are split over the kernels' threads (thread_pool.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,6 +31,7 @@
 #include "radixgen_kernels.h"
 #include "scratch.h"
 #include "simd_math.h"
+#include "thread_pool.h"
 
 #define QK 32
 #define NR 16   /* output rows per panel */
@@ -103,12 +104,24 @@ static void quantize_block(const float *x, xblock *out) {
 #endif
 }
 
+typedef struct {
+    const float *x;
+    int64_t K;
+    xblock *xq;
+} quantize_job;
+
+static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
+    const quantize_job *j = (const quantize_job *)job;
+    const int64_t nb = j->K / QK;
+    (void)tid;
+    for (int64_t i = begin; i < end; i++)
+        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->xq + i * nb + b);
+}
+
 /* xq [M][K / 32] blocks of x [M, K]. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, xblock *xq, int nthreads) {
-    const int64_t nb = K / QK;
-#pragma omp parallel for num_threads(nthreads) if (M * K >= PARALLEL_MIN)
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t b = 0; b < nb; b++) quantize_block(x + i * K + b * QK, xq + i * nb + b);
+    quantize_job job = {x, K, xq};
+    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
 }
 
 static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
@@ -270,6 +283,30 @@ static void panel_any(int bits, int mr, const uint8_t *qs, const uint16_t *d, co
 #undef CASE
 }
 
+typedef struct {
+    int bits;
+    const uint8_t *qs;
+    const uint16_t *d, *m;
+    int64_t nb, panel_bytes;
+    const xblock *xq;
+    int64_t M, n;
+    float *y;
+} gemm_job;
+
+static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
+    const gemm_job *j = (const gemm_job *)job;
+    (void)tid;
+    for (int64_t p = begin; p < end; p++) {
+        const int64_t nvalid = j->n - p * NR < NR ? j->n - p * NR : NR;
+        for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
+            const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
+            panel_any(j->bits, mr, j->qs + p * j->panel_bytes, j->d + p * j->nb * NR,
+                      j->m == NULL ? NULL : j->m + p * j->nb * NR, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR,
+                      j->n, nvalid);
+        }
+    }
+}
+
 /* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
  * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, bits is not 4 or 8, or the
  * activation limbs cannot be allocated. */
@@ -284,16 +321,8 @@ int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, i
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, xq, nthreads);
-    const uint8_t *qs = (const uint8_t *)w->qs;
-    const uint16_t *d = (const uint16_t *)w->scale, *m = (const uint16_t *)w->minv;
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++) {
-        const int64_t nvalid = n - p * NR < NR ? n - p * NR : NR;
-        for (int64_t i0 = 0; i0 < M; i0 += MR) {
-            const int mr = (int)(M - i0 < MR ? M - i0 : MR);
-            panel_any(bits, mr, qs + p * panel_bytes, d + p * nb * NR, m == NULL ? NULL : m + p * nb * NR, nb,
-                      xq + i0 * nb, y + i0 * n + p * NR, n, nvalid);
-        }
-    }
+    gemm_job job = {bits, (const uint8_t *)w->qs, (const uint16_t *)w->scale, (const uint16_t *)w->minv, nb,
+                    panel_bytes, xq, M, n, y};
+    rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
     return 0;
 }

@@ -1,19 +1,19 @@
 /* Decode attention on CPU: each request's one new query token attends to all of its tokens' K/V,
  * read in place by KV slot through its req_to_token row (no gathered K/V copy, no padding).
  *
- * Work items are (request, KV head) pairs, split over OpenMP threads. An item computes the scores
- * of the head group's G query heads against each key (K read once for the group), a float32
- * softmax per head, and the weighted sum of V (V read once for the group). K/V are float32 or
- * bfloat16 (widened to float32); q and the output are float32.
+ * Work items (chunks of a request's keys for one KV head; see decode_attention) run on the
+ * kernels' threads (thread_pool.c). K/V are float32, bfloat16 or float16 (widened to float32); q and
+ * the output are float32. A request's keys all starting with a shared prefix are attended in two
+ * parts (shared_prefix_attention: the prefix for every request's queries at once).
  */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "radixgen_kernels.h"
 #include "scratch.h"
 #include "simd_math.h"
+#include "thread_pool.h"
 
 #define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
 
@@ -39,7 +39,16 @@ static inline __m256 load8(const void *p, int64_t i, int kv) {
 static float exp_sum(float *p, int64_t n, float max) {
     int64_t s = 0;
     float sum = 0.0f;
-#ifdef RG_AVX2
+#if defined(RG_AVX512)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 m = _mm512_set1_ps(max);
+    for (; s + 16 <= n; s += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + s), m));
+        _mm512_storeu_ps(p + s, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(RG_AVX2)
     __m256 acc = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
     for (; s + 8 <= n; s += 8) {
@@ -57,6 +66,72 @@ static float exp_sum(float *p, int64_t n, float max) {
 }
 
 #define GMAX 4  /* query heads handled together (their accumulators stay in registers) */
+
+#ifdef RG_AVX512
+static inline __m512 load16(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kv == RG_KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* scores_g for D % 16 == 0 on 16-float vectors: per key and head one vector of partial products,
+ * summed horizontally 16 keys at a time (sum16x16). */
+static inline __attribute__((always_inline)) void scores16_g(const int G, const float *q, const void *k_buf,
+                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                             int64_t row_elems, float scale, int kv, float *scores) {
+    const int64_t bytes = D * rg_kv_bytes(kv);
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 part[GMAX][16];
+    for (int64_t s0 = 0; s0 < S; s0 += 16) {
+        const int64_t n = S - s0 < 16 ? S - s0 : 16;
+        for (int64_t j = 0; j < 16; j++) {
+            if (j >= n) {  /* a partial last block: zero lanes, not stored */
+                for (int g = 0; g < G; g++) part[g][j] = _mm512_setzero_ps();
+                continue;
+            }
+            const int64_t s = s0 + j, base = slots[s] * row_elems + hkv * D;
+            if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+            __m512 a[GMAX];
+            const __m512 k0 = load16(k_buf, base, kv);
+            for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D), k0);
+            for (int64_t d = 16; d < D; d += 16) {
+                const __m512 k = load16(k_buf, base + d, kv);
+                for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), k, a[g]);
+            }
+            for (int g = 0; g < G; g++) part[g][j] = a[g];
+        }
+        const __mmask16 keep = (__mmask16)((1u << n) - 1u);
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores + g * S + s0, keep, _mm512_mul_ps(sc, sum16x16(part[g])));
+    }
+}
+
+/* values_g for D % 16 == 0 on 16-float vectors: up to 4 vectors of dims x G heads of accumulators. */
+static inline __attribute__((always_inline)) void values16_g(const int G, const float *probs, const void *v_buf,
+                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                             int64_t row_elems, int kv, float *out) {
+    const int64_t bytes = D * rg_kv_bytes(kv);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int nv = D - d0 >= 64 ? 4 : (int)((D - d0) / 16);
+        __m512 a[GMAX][4];
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < nv; i++) a[g][i] = _mm512_setzero_ps();
+        for (int64_t s = 0; s < S; s++) {
+            const int64_t base = slots[s] * row_elems + hkv * D + d0;
+            if (d0 == 0 && s + PREFETCH_AHEAD < S)
+                prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+            __m512 v[4];
+            for (int i = 0; i < nv; i++) v[i] = load16(v_buf, base + 16 * i, kv);
+            for (int g = 0; g < G; g++) {
+                const __m512 p = _mm512_set1_ps(probs[g * S + s]);
+                for (int i = 0; i < nv; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + g * D + d0 + 16 * i, a[g][i]);
+    }
+}
+#endif
 
 /* scores[g * S + s] = scale * dot(q_g, k_s) for g < G heads of one group; each K row is read once. */
 static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
@@ -128,10 +203,21 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
 /* Scores (pass 1) or values (pass 2) of heads g0 .. g0 + n (n <= GMAX) with a compile-time head count. */
 static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf, const int64_t *slots, int64_t S,
                        int64_t hkv, int64_t D, int64_t row_elems, float scale, int kv, float *out) {
+#ifdef RG_AVX512
+#define WIDE_CASE(N)                                                                                   \
+    if (D % 16 == 0) {                                                                                 \
+        if (pass == 1) scores16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);    \
+        else values16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                     \
+        return;                                                                                        \
+    }
+#else
+#define WIDE_CASE(N)
+#endif
 #define HEADS_CASE(N)                                                                                  \
     case N:                                                                                            \
-        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);    \
-        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                     \
+        WIDE_CASE(N)                                                                                   \
+        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);      \
+        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                       \
         return;
     switch (n) {
         HEADS_CASE(1)
@@ -140,51 +226,139 @@ static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf
         HEADS_CASE(4)
     }
 #undef HEADS_CASE
+#undef WIDE_CASE
+}
+
+#define CHUNK_KEYS 128  /* keys per work item: a long request's keys are split over threads */
+
+typedef struct {
+    const float *q;
+    const void *k_buf, *v_buf;
+    int kv;
+    const int64_t *req_to_token, *rows, *seq_lens;
+    int64_t table_stride, start, H, Hkv, D;
+    float scale;
+    const int32_t *chunk_req, *chunk_idx;  /* each chunk's request and its index there */
+    const int64_t *first_chunk;            /* [B + 1] each request's first chunk */
+    float *partials;                       /* [chunks * Hkv][G][2 + D]: max, sum of exp, unnormalized output */
+    float *out, *lse;
+} attention_job;
+
+/* Items (chunk, KV head): the chunk's scores, softmax statistics and exp-weighted values. */
+static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
+    const attention_job *j = (const attention_job *)job;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv;
+    float scores[G * CHUNK_KEYS];  /* [G, n] */
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t chunk = item / Hkv, hkv = item % Hkv, b = j->chunk_req[chunk];
+        const int64_t k0 = j->start + (int64_t)j->chunk_idx[chunk] * CHUNK_KEYS;
+        const int64_t n = j->seq_lens[b] - k0 < CHUNK_KEYS ? j->seq_lens[b] - k0 : CHUNK_KEYS;
+        const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
+        const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
+        float *part = j->partials + item * G * (2 + D);
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, Hkv * D,
+                       j->scale, j->kv, scores + g0 * n);
+        for (int64_t g = 0; g < G; g++) {
+            float *p = scores + g * n, max = p[0];
+            for (int64_t s = 1; s < n; s++) max = p[s] > max ? p[s] : max;
+            part[g * (2 + D)] = max;
+            part[g * (2 + D) + 1] = exp_sum(p, n, max);
+            memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
+        }
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
+            const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
+            float o[GMAX * D];
+            memset(o, 0, sizeof(float) * (size_t)(ng * D));
+            heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, Hkv * D, 0.0f, j->kv, o);
+            for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
+        }
+    }
+}
+
+/* Items (request, KV head): merge the request's chunks by their log-sum-exp. */
+static void attention_merge(void *job, int64_t begin, int64_t end, int tid) {
+    const attention_job *j = (const attention_job *)job;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv;
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t b = item / Hkv, hkv = item % Hkv, c0 = j->first_chunk[b], c1 = j->first_chunk[b + 1];
+        for (int64_t g = 0; g < G; g++) {
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t c = c0; c < c1; c++) {
+                const float m = j->partials[((c * Hkv + hkv) * G + g) * (2 + D)];
+                top = m > top ? m : top;
+            }
+            float *o = j->out + (b * H + hkv * G + g) * D;
+            memset(o, 0, sizeof(float) * (size_t)D);
+            for (int64_t c = c0; c < c1; c++) {
+                const float *part = j->partials + ((c * Hkv + hkv) * G + g) * (2 + D);
+                const float w = c1 - c0 == 1 ? 1.0f : expf(part[0] - top);
+                total += w * part[1];
+                for (int64_t d = 0; d < D; d++) o[d] += w * part[2 + d];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+            if (j->lse != NULL) j->lse[b * H + hkv * G + g] = top + logf(total);
+        }
+    }
 }
 
 /* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] in the KV dtype kv (RG_KV_*: float32, bfloat16, float16);
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
- * Returns 0, or -1 on bad sizes or when the score buffers cannot be allocated. */
+ * Work items are (chunk of up to CHUNK_KEYS keys, KV head) pairs: each computes its heads' scores
+ * (K read once for the head group), softmax statistics and exp-weighted sum of V (V read once for
+ * the group); each request's chunks then merge by log-sum-exp. A request's chunks depend on its
+ * length alone, so its result does not depend on its batch-mates or the thread count.
+ * Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
 int decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                      int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
                      int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads) {
-    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0) return -1;
+    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0 || H / Hkv > 64) return -1;
     const int64_t G = H / Hkv;
-    int64_t s_max = 1;
+    int64_t chunks = 0;
     for (int64_t b = 0; b < B; b++) {
         if (seq_lens[b] <= start || seq_lens[b] > table_stride) return -1;
-        if (seq_lens[b] - start > s_max) s_max = seq_lens[b] - start;
+        chunks += (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS;
     }
-    float *bufs = (float *)rg_scratch(RG_SCRATCH_ATTENTION, sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t item = 0; item < B * Hkv; item++) {
-        const int64_t b = item / Hkv, hkv = item % Hkv, S = seq_lens[b] - start;
-        const int64_t *slots = req_to_token + rows[b] * table_stride + start;
-        float *scores = bufs + (size_t)omp_get_thread_num() * (size_t)(G * s_max);  /* [G, S] */
-        const float *qg = q + (b * H + hkv * G) * D;  /* [G, D] */
-        float *og = out + (b * H + hkv * G) * D;
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, k_buf, slots, S, hkv, D, Hkv * D, scale,
-                       kv, scores + g0 * S);
-        for (int64_t g = 0; g < G; g++) {
-            float *p = scores + g * S, max = p[0];
-            for (int64_t s = 1; s < S; s++) max = p[s] > max ? p[s] : max;
-            const float sum = exp_sum(p, S, max), inv = 1.0f / sum;
-            for (int64_t s = 0; s < S; s++) p[s] *= inv;
-            if (lse != NULL) lse[b * H + hkv * G + g] = max + logf(sum);
+    const size_t map_bytes = ((size_t)(2 * chunks) * 4 + (size_t)(B + 1) * 8 + 63) / 64 * 64;
+    uint8_t *mem = (uint8_t *)rg_scratch(RG_SCRATCH_ATTENTION,
+                                         map_bytes + sizeof(float) * (size_t)(chunks * Hkv * G * (2 + D)));
+    if (mem == NULL) return -1;
+    int64_t *first_chunk = (int64_t *)mem;
+    int32_t *chunk_req = (int32_t *)(first_chunk + B + 1), *chunk_idx = chunk_req + chunks;
+    for (int64_t b = 0, c = 0; b < B; b++) {
+        first_chunk[b] = c;
+        for (int64_t i = 0; i < (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS; i++, c++) {
+            chunk_req[c] = (int32_t)b;
+            chunk_idx[c] = (int32_t)i;
         }
-        memset(og, 0, sizeof(float) * (size_t)(G * D));
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(2, (int)(G - g0 < GMAX ? G - g0 : GMAX), scores + g0 * S, v_buf, slots, S, hkv, D, Hkv * D, 0.0f,
-                       kv, og + g0 * D);
     }
+    first_chunk[B] = chunks;
+    attention_job job = {q, k_buf, v_buf, kv, req_to_token, rows, seq_lens, table_stride, start, H, Hkv, D, scale,
+                         chunk_req, chunk_idx, first_chunk, (float *)(mem + map_bytes), out, lse};
+    rg_parallel(nthreads, chunks * Hkv, RG_DYNAMIC, attention_chunks, &job);
+    rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_STATIC, attention_merge, &job);
     return 0;
 }
 
 #define QB 24 /* queries per work item of the shared-prefix kernel (3 vectors) */
+
+typedef struct {
+    const float *q;
+    const void *k_buf, *v_buf;
+    int kv;
+    const int64_t *shared;
+    int64_t C, B, H, Hkv, D;
+    float scale;
+    float *out;
+    const float *lse_own;
+    float *bufs;  /* each thread's scratch */
+    size_t per_thread;
+} shared_job;
 
 #ifdef RG_AVX2
 /* o^T[d0 .. d0 + NV] = sum_s v_s[d] * probs[s] over the C shared keys (NV x 3 accumulators). */
@@ -214,17 +388,20 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
 
 /* shared_prefix_attention with AVX2: NQ = B * G queries of each KV head in work items of QB, each
  * shared key read once per QB queries, scores and values as outer products (no horizontal sums). */
-static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
-                              int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
-                              const float *lse_own, int nthreads) {
-    const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
-    const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
-    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * per_thread * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t item = 0; item < Hkv * groups; item++) {
+static void shared_items(void *job, int64_t begin, int64_t end, int tid) {
+    const shared_job *sj = (const shared_job *)job;
+    const float *q = sj->q, *lse_own = sj->lse_own;
+    const void *k_buf = sj->k_buf, *v_buf = sj->v_buf;
+    const int kv = sj->kv;
+    const int64_t *shared = sj->shared;
+    const int64_t C = sj->C, H = sj->H, Hkv = sj->Hkv, D = sj->D, G = H / Hkv, NQ = sj->B * G;
+    const int64_t groups = (NQ + QB - 1) / QB;
+    const float scale = sj->scale;
+    float *out = sj->out, *bufs = sj->bufs;
+    const size_t per_thread = sj->per_thread;
+    for (int64_t item = begin; item < end; item++) {
         const int64_t hkv = item / groups, q0 = (item % groups) * QB, nq = NQ - q0 < QB ? NQ - q0 : QB;
-        float *probs = bufs + (size_t)omp_get_thread_num() * per_thread, *qt = probs + C * QB, *ot = qt + D * QB;
+        float *probs = bufs + (size_t)tid * per_thread, *qt = probs + C * QB, *ot = qt + D * QB;
         /* query j of this item: request (q0 + j) / G, head hkv * G + (q0 + j) % G */
         for (int64_t d = 0; d < D; d++)
             for (int64_t j = 0; j < QB; j++) {
@@ -302,20 +479,24 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             for (int64_t d = 0; d < D; d++) o[d] = (w_sh * ot[d * QB + j] / sum[j] + w_own * o[d]) * inv;
         }
     }
-    return 0;
 }
+
+static size_t shared_per_thread(int64_t C, int64_t D) { return (size_t)(C * QB + D * QB + D * QB); }
+static int64_t shared_items_count(int64_t B, int64_t H, int64_t Hkv) { return Hkv * ((B * (H / Hkv) + QB - 1) / QB); }
 #else
 /* The scalar reference of shared_prefix_attention: one (request, head) query at a time. */
-static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
-                                int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
-                                const float *lse_own, int nthreads) {
-    const int64_t G = H / Hkv;
-    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * (size_t)(C + D) * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
+static void shared_items(void *job, int64_t begin, int64_t end, int tid) {
+    const shared_job *sj = (const shared_job *)job;
+    const float *q = sj->q, *lse_own = sj->lse_own;
+    const void *k_buf = sj->k_buf, *v_buf = sj->v_buf;
+    const int kv = sj->kv;
+    const int64_t *shared = sj->shared;
+    const int64_t C = sj->C, H = sj->H, Hkv = sj->Hkv, D = sj->D, G = H / Hkv;
+    const float scale = sj->scale;
+    float *out = sj->out, *bufs = sj->bufs;
+    for (int64_t bh = begin; bh < end; bh++) {
         const int64_t hkv = (bh % H) / G;
-        float *p = bufs + (size_t)omp_get_thread_num() * (size_t)(C + D), *o = p + C;
+        float *p = bufs + (size_t)tid * (size_t)(C + D), *o = p + C;
         const float *qh = q + bh * D;
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t s = 0; s < C; s++) {
@@ -339,8 +520,10 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
         float *ob = out + bh * D;
         for (int64_t d = 0; d < D; d++) ob[d] = (w_sh * o[d] / sum + w_own * ob[d]) * inv;
     }
-    return 0;
 }
+
+static size_t shared_per_thread(int64_t C, int64_t D) { return (size_t)(C + D); }
+static int64_t shared_items_count(int64_t B, int64_t H, int64_t Hkv) { (void)Hkv; return B * H; }
 #endif
 
 /* Cascade decode attention, shared part: the B * H queries against the C keys at slots
@@ -351,9 +534,10 @@ int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads) {
     if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
-#ifdef RG_AVX2
-    return shared_prefix_avx2(q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
-#else
-    return shared_prefix_scalar(q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
-#endif
+    const size_t per_thread = shared_per_thread(C, D);
+    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * per_thread * (size_t)nthreads);
+    if (bufs == NULL) return -1;
+    shared_job job = {q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, bufs, per_thread};
+    rg_parallel(nthreads, shared_items_count(B, H, Hkv), RG_DYNAMIC, shared_items, &job);
+    return 0;
 }
