@@ -106,30 +106,37 @@ static inline __attribute__((always_inline)) void scores16_g(const int G, const 
     }
 }
 
-/* values_g for D % 16 == 0 on 16-float vectors: up to 4 vectors of dims x G heads of accumulators. */
+/* NV vectors of dims (d0 .. d0 + 16 NV) x G heads of sum_s probs[g, s] * v_s, accumulators in registers. */
+static inline __attribute__((always_inline)) void values16_dims(const int G, const int NV, const float *probs,
+                                                                const void *v_buf, const int64_t *slots, int64_t S,
+                                                                int64_t hkv, int64_t D, int64_t d0, int64_t row_elems,
+                                                                int kv, float *out) {
+    const int64_t bytes = D * rg_kv_bytes(kv);
+    __m512 a[GMAX][4];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < NV; i++) a[g][i] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t base = slots[s] * row_elems + hkv * D + d0;
+        if (d0 == 0 && s + PREFETCH_AHEAD < S)
+            prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+        __m512 v[4];
+        for (int i = 0; i < NV; i++) v[i] = load16(v_buf, base + 16 * i, kv);
+        for (int g = 0; g < G; g++) {
+            const __m512 p = _mm512_set1_ps(probs[g * S + s]);
+            for (int i = 0; i < NV; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < NV; i++) _mm512_storeu_ps(out + g * D + d0 + 16 * i, a[g][i]);
+}
+
+/* values_g for D % 16 == 0 on 16-float vectors: 64 dims at a time, then the rest. */
 static inline __attribute__((always_inline)) void values16_g(const int G, const float *probs, const void *v_buf,
                                                              const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
                                                              int64_t row_elems, int kv, float *out) {
-    const int64_t bytes = D * rg_kv_bytes(kv);
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-        const int nv = D - d0 >= 64 ? 4 : (int)((D - d0) / 16);
-        __m512 a[GMAX][4];
-        for (int g = 0; g < G; g++)
-            for (int i = 0; i < nv; i++) a[g][i] = _mm512_setzero_ps();
-        for (int64_t s = 0; s < S; s++) {
-            const int64_t base = slots[s] * row_elems + hkv * D + d0;
-            if (d0 == 0 && s + PREFETCH_AHEAD < S)
-                prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
-            __m512 v[4];
-            for (int i = 0; i < nv; i++) v[i] = load16(v_buf, base + 16 * i, kv);
-            for (int g = 0; g < G; g++) {
-                const __m512 p = _mm512_set1_ps(probs[g * S + s]);
-                for (int i = 0; i < nv; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
-            }
-        }
-        for (int g = 0; g < G; g++)
-            for (int i = 0; i < nv; i++) _mm512_storeu_ps(out + g * D + d0 + 16 * i, a[g][i]);
-    }
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) values16_dims(G, 4, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
+    for (; d0 < D; d0 += 16) values16_dims(G, 1, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
 }
 #endif
 
