@@ -17,11 +17,13 @@ import ctypes
 import pytest
 import torch
 
+from radixgen.radix_cache import kv_quant
 from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
 from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from tests.runtime.test_block_gemm import random_gguf
+from tests.runtime.test_cpu_attention import kv_buffer
 
 pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is None,
                                 reason="no C compiler to build the kernels")
@@ -88,13 +90,13 @@ def _table(batch: int, lens: list[int], n_slots: int, g: torch.Generator) -> tup
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (6, 1, 18), (4, 4, 16)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 def test_decode_attention(libs, heads, kv_heads, head_dim, dtype):
     g = torch.Generator().manual_seed(heads + head_dim)
     lens = [1, 13, 40, 7]
     n_slots = sum(lens) + 5
-    k = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
-    v = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    k = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2, dtype)
+    v = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g), dtype)
     q = torch.randn(len(lens), heads, head_dim, generator=g)
     table, rows = _table(len(lens), lens, n_slots, g)
     seq = torch.tensor(lens)
@@ -138,7 +140,7 @@ def test_layer_ops(libs, n):
         close(a, b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 def test_rope_store(libs, dtype):
     g = torch.Generator().manual_seed(1)
     heads, kv_heads, d, t = 6, 2, 18, 5
@@ -147,11 +149,18 @@ def test_rope_store(libs, dtype):
     positions, loc = torch.tensor([0, 3, 63, 9, 9]), torch.tensor([4, 1, 7, 2, 5])
     results = []
     for lib in libs:
-        x, kb, vb = qkv.clone(), torch.zeros(9, kv_heads, d, dtype=dtype), torch.zeros(9, kv_heads, d, dtype=dtype)
+        width = d + 4 if dtype == torch.int8 else d
+        kb, vb = (torch.zeros(9, kv_heads, width, dtype=dtype) for _ in range(2))
+        x = qkv.clone()
         layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, lib=lib)
         results.append((x, kb, vb))
     for a, b in zip(*results, strict=True):
-        close(a.float(), b.float())
+        if a.dtype == torch.int8:  # the rotated k may differ by FMA rounding: within one int8 step
+            va, vb_ = (kv_quant.dequantize(t, torch.float32) for t in (a, b))
+            step = va.abs().amax(-1, keepdim=True) / 127
+            assert ((va - vb_).abs() <= step * 1.01 + 1e-6).all()
+        else:
+            close(a.float(), b.float())
 
 
 @pytest.mark.parametrize("shared", [0, 12])

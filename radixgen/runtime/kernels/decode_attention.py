@@ -13,7 +13,7 @@ import torch
 
 from radixgen.runtime.kernels import ffi
 
-KV_DTYPES = tuple(ffi.KV_DTYPE_CODES)  # float32, bfloat16, float16
+KV_DTYPES = tuple(ffi.KV_DTYPE_CODES)  # float32, bfloat16, float16, int8 rows (radix_cache/kv_quant.py)
 
 
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:
@@ -23,7 +23,7 @@ def available(device: torch.device, dtype: torch.dtype | None) -> bool:
 
 def decode_attention(
     q: torch.Tensor,  # [B, H, D]
-    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    k_buffer: torch.Tensor,  # [N, Hkv, D] (int8 rows: [N, Hkv, D + 4])
     v_buffer: torch.Tensor,  # [N, Hkv, D]
     req_to_token: torch.Tensor,  # [R, L] int64 KV slot of each request's tokens
     rows: torch.Tensor,  # [B] int64 row of each request in req_to_token
@@ -40,8 +40,8 @@ def decode_attention(
     b, h, d = q.shape
     h_kv = k_buffer.shape[1]
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
-        raise ValueError(f"decode_attention: K/V must be float32, bfloat16 or float16, got {k_buffer.dtype}/"
-                         f"{v_buffer.dtype}")
+        raise ValueError(f"decode_attention: K/V must be float32, bfloat16, float16 or int8 rows, got "
+                         f"{k_buffer.dtype}/{v_buffer.dtype}")
     if req_to_token.dtype != torch.int64 or not req_to_token.is_contiguous():
         raise ValueError("decode_attention: req_to_token must be a contiguous int64 table")
     lib = lib or ffi.library()
@@ -78,9 +78,11 @@ def shared_prefix_decode_attention(
     """Cascade decode attention: every request's queries against the shared prefix together (each
     shared key read once per 24 queries, outer products), the rest per request, merged by
     log-sum-exp. 16 decodes on a shared 1000-token prefix: the per-request kernel alone re-reads the
-    prefix 16 times."""
+    prefix 16 times. int8 K/V: no cascade kernel; each request attends its whole sequence."""
     b, h, d = q.shape
     lib = lib or ffi.library()
+    if k_buffer.dtype == torch.int8:
+        return decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, lib=lib)
     out, lse_own = decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, start=shared.numel(),
                                     return_lse=True, lib=lib)  # [B, H, D], [B, H]
     shared, qf = shared.contiguous(), q.float().contiguous()  # held: the C call reads their memory

@@ -46,13 +46,14 @@ class DecodeStepC(ctypes.Structure):
 
 STRUCTS = {"rg_block_weight": BlockWeightC, "rg_layer": LayerC, "rg_decode_step": DecodeStepC}
 
-KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernels' kv_dtype arguments
+# the kernels' kv_dtype arguments; int8 buffers hold rows with scales (radix_cache/kv_quant.py)
+KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
 
 
 def kv_dtype_code(dtype: torch.dtype) -> int:
     """The kernels' code for a KV cache element type (ValueError for one they do not read)."""
     if dtype not in KV_DTYPE_CODES:
-        raise ValueError(f"the C kernels read float32, bfloat16 or float16 K/V, not {dtype}")
+        raise ValueError(f"the C kernels read float32, bfloat16, float16 or int8 K/V, not {dtype}")
     return KV_DTYPE_CODES[dtype]
 
 

@@ -28,6 +28,7 @@ static inline float load1(const void *p, int64_t i, int kv) { return rg_kv_load(
 #ifdef RG_AVX2
 static inline __m256 load8(const void *p, int64_t i, int kv) {
     if (kv == RG_KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (kv == RG_KV_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + i))));
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
     if (kv == RG_KV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
@@ -70,6 +71,7 @@ static float exp_sum(float *p, int64_t n, float max) {
 #ifdef RG_AVX512
 static inline __m512 load16(const void *p, int64_t i, int kv) {
     if (kv == RG_KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    if (kv == RG_KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i))));
     const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
     if (kv == RG_KV_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -80,7 +82,7 @@ static inline __m512 load16(const void *p, int64_t i, int kv) {
 static inline __attribute__((always_inline)) void scores16_g(const int G, const float *q, const void *k_buf,
                                                              const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
                                                              int64_t row_elems, float scale, int kv, float *scores) {
-    const int64_t bytes = D * rg_kv_bytes(kv);
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     const __m512 sc = _mm512_set1_ps(scale);
     __m512 part[GMAX][16];
     for (int64_t s0 = 0; s0 < S; s0 += 16) {
@@ -90,14 +92,18 @@ static inline __attribute__((always_inline)) void scores16_g(const int G, const 
                 for (int g = 0; g < G; g++) part[g][j] = _mm512_setzero_ps();
                 continue;
             }
-            const int64_t s = s0 + j, base = slots[s] * row_elems + hkv * D;
-            if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+            const int64_t s = s0 + j, base = slots[s] * row_elems + hkv * hs;
+            if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
             __m512 a[GMAX];
             const __m512 k0 = load16(k_buf, base, kv);
             for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D), k0);
             for (int64_t d = 16; d < D; d += 16) {
                 const __m512 k = load16(k_buf, base + d, kv);
                 for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), k, a[g]);
+            }
+            if (kv == RG_KV_I8) {  /* the key's scale */
+                const __m512 ks = _mm512_set1_ps(rg_kv_row_scale(k_buf, base, D, kv));
+                for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(a[g], ks);
             }
             for (int g = 0; g < G; g++) part[g][j] = a[g];
         }
@@ -111,18 +117,19 @@ static inline __attribute__((always_inline)) void values16_dims(const int G, con
                                                                 const void *v_buf, const int64_t *slots, int64_t S,
                                                                 int64_t hkv, int64_t D, int64_t d0, int64_t row_elems,
                                                                 int kv, float *out) {
-    const int64_t bytes = D * rg_kv_bytes(kv);
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     __m512 a[GMAX][4];
     for (int g = 0; g < G; g++)
         for (int i = 0; i < NV; i++) a[g][i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < S; s++) {
-        const int64_t base = slots[s] * row_elems + hkv * D + d0;
+        const int64_t base = slots[s] * row_elems + hkv * hs + d0;
         if (d0 == 0 && s + PREFETCH_AHEAD < S)
-            prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+            prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
         __m512 v[4];
         for (int i = 0; i < NV; i++) v[i] = load16(v_buf, base + 16 * i, kv);
+        const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
         for (int g = 0; g < G; g++) {
-            const __m512 p = _mm512_set1_ps(probs[g * S + s]);
+            const __m512 p = _mm512_set1_ps(probs[g * S + s] * vs);
             for (int i = 0; i < NV; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
         }
     }
@@ -144,10 +151,11 @@ static inline __attribute__((always_inline)) void values16_g(const int G, const 
 static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
                                                            int64_t row_elems, float scale, int kv, float *scores) {
-    const int64_t bytes = D * rg_kv_bytes(kv);
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     for (int64_t s = 0; s < S; s++) {
-        const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+        const int64_t base = slots[s] * row_elems + hkv * hs;
+        const float ks = scale * rg_kv_row_scale(k_buf, base, D, kv);
+        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
 #ifdef RG_AVX2
         if (D % 8 == 0) {
             __m256 a[GMAX];
@@ -156,14 +164,14 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
                 const __m256 k = load8(k_buf, base + d, kv);
                 for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), k, a[g]);
             }
-            for (int g = 0; g < G; g++) scores[g * S + s] = scale * hsum(a[g]);
+            for (int g = 0; g < G; g++) scores[g * S + s] = ks * hsum(a[g]);
             continue;
         }
 #endif
         for (int g = 0; g < G; g++) {
             float a = 0.0f;
             for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, kv);
-            scores[g * S + s] = scale * a;
+            scores[g * S + s] = ks * a;
         }
     }
 }
@@ -172,19 +180,20 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
 static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, const void *v_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
                                                            int64_t row_elems, int kv, float *out) {
-    const int64_t bytes = D * rg_kv_bytes(kv);
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
 #ifdef RG_AVX2
     if (D % 16 == 0) {
         for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
             __m256 a[GMAX][2];
             for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
             for (int64_t s = 0; s < S; s++) {
-                const int64_t base = slots[s] * row_elems + hkv * D + d0;
+                const int64_t base = slots[s] * row_elems + hkv * hs + d0;
                 if (d0 == 0 && s + PREFETCH_AHEAD < S)
-                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
                 const __m256 v0 = load8(v_buf, base, kv), v1 = load8(v_buf, base + 8, kv);
+                const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
                 for (int g = 0; g < G; g++) {
-                    const __m256 p = _mm256_broadcast_ss(probs + g * S + s);
+                    const __m256 p = _mm256_set1_ps(probs[g * S + s] * vs);
                     a[g][0] = _mm256_fmadd_ps(p, v0, a[g][0]);
                     a[g][1] = _mm256_fmadd_ps(p, v1, a[g][1]);
                 }
@@ -198,11 +207,12 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
     }
 #endif
     for (int64_t s = 0; s < S; s++) {
-        const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, kv);
+        const int64_t base = slots[s] * row_elems + hkv * hs;
+        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+        const float vs = rg_kv_row_scale(v_buf, base, D, kv);
         for (int64_t d = 0; d < D; d++) {
             const float v = load1(v_buf, base + d, kv);
-            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * v;
+            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * vs * v;
         }
     }
 }
@@ -254,7 +264,7 @@ typedef struct {
 /* Items (chunk, KV head): the chunk's scores, softmax statistics and exp-weighted values. */
 static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
     const attention_job *j = (const attention_job *)job;
-    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, row = Hkv * rg_kv_head_stride(j->kv, D);
     float scores[G * CHUNK_KEYS];  /* [G, n] */
     (void)tid;
     for (int64_t item = begin; item < end; item++) {
@@ -265,7 +275,7 @@ static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
         const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
         float *part = j->partials + item * G * (2 + D);
         for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, Hkv * D,
+            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
                        j->scale, j->kv, scores + g0 * n);
         for (int64_t g = 0; g < G; g++) {
             float *p = scores + g * n, max = p[0];
@@ -278,7 +288,7 @@ static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
             const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
             float o[GMAX * D];
             memset(o, 0, sizeof(float) * (size_t)(ng * D));
-            heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, Hkv * D, 0.0f, j->kv, o);
+            heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, row, 0.0f, j->kv, o);
             for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
         }
     }
@@ -312,7 +322,8 @@ static void attention_merge(void *job, int64_t begin, int64_t end, int tid) {
     }
 }
 
-/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] in the KV dtype kv (RG_KV_*: float32, bfloat16, float16);
+/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] in the KV dtype kv (RG_KV_*: float32, bfloat16, float16;
+ * int8 rows [N, Hkv, D + 4]);
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
@@ -536,11 +547,12 @@ static int64_t shared_items_count(int64_t B, int64_t H, int64_t Hkv) { (void)Hkv
 /* Cascade decode attention, shared part: the B * H queries against the C keys at slots
  * shared[0 .. C) that every request starts with, merged into out / lse_own: out [B, H, D] float32
  * and lse_own [B, H] hold each request's attention over its own later keys (decode_attention with
- * start = C). Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
+ * start = C). Not for int8 K/V (callers attend the whole sequence with decode_attention instead).
+ * Returns 0, or -1 on bad sizes, int8 K/V, or when the buffers cannot be allocated. */
 int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads) {
-    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
+    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1 || kv == RG_KV_I8) return -1;
     const size_t per_thread = shared_per_thread(C, D);
     float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * per_thread * (size_t)nthreads);
     if (bufs == NULL) return -1;

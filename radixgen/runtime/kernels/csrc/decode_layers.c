@@ -37,8 +37,9 @@ int64_t rg_sizeof_decode_step(void) { return (int64_t)sizeof(rg_decode_step); }
  * when a kernel fails (sizes) or memory runs out. */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads) {
     const int64_t T = step->tokens, hidden = step->hidden, H = step->heads, Hkv = step->kv_heads;
-    const int64_t D = step->head_dim, inter = step->inter, C = step->n_shared;
     const int kv = (int)step->kv_dtype;
+    const int64_t D = step->head_dim, inter = step->inter;
+    const int64_t C = kv == RG_KV_I8 ? 0 : step->n_shared;  /* int8 K/V: no shared-prefix kernel, whole sequences */
     const int64_t qd = H * D, qkv_n = (H + 2 * Hkv) * D;
     const size_t floats = (size_t)T * (size_t)(2 * hidden + qkv_n + 2 * qd + H + 3 * inter + hidden);
     float *work = (float *)rg_scratch(RG_SCRATCH_STEP, sizeof(float) * floats);

@@ -123,14 +123,18 @@ static void rope_rows(void *job, int64_t begin, int64_t end, int tid) {
                 b[i] = x2 * c[i] + x1 * s[i];
             }
         }
-        rg_kv_store(k_buf, loc[t] * Hkv * D, x + H * D, Hkv * D, kv_dtype);
-        rg_kv_store(v_buf, loc[t] * Hkv * D, x + (H + Hkv) * D, Hkv * D, kv_dtype);
+        const int64_t hs = rg_kv_head_stride(kv_dtype, D);
+        for (int64_t h = 0; h < Hkv; h++) {
+            rg_kv_store_head(k_buf, (loc[t] * Hkv + h) * hs, x + (H + h) * D, D, kv_dtype);
+            rg_kv_store_head(v_buf, (loc[t] * Hkv + h) * hs, x + (H + Hkv + h) * D, D, kv_dtype);
+        }
     }
 }
 
 /* qkv [T, (H + 2 Hkv) D]: rotate the q and k heads in place (rotate-half layout; cos/sin tables
  * [P, D/2] read at positions[t]), then copy each token's k and v heads to k_buf / v_buf
- * [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype (RG_KV_*, rounding to nearest even). */
+ * [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype (RG_KV_*, rounding to nearest even;
+ * int8 rows [N, Hkv, D + 4] quantized per head). */
 void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
                 const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads) {
     rope_job job = {qkv, H, Hkv, D, cos_t, sin_t, positions, loc, k_buf, v_buf, kv_dtype};

@@ -37,7 +37,8 @@ typedef struct {
 /* A decode step's sizes and per-token inputs (decode_layers.c). Token t decodes request rows[t] at
  * positions[t]; its K/V go to slot loc[t]; it attends to seq_lens[t] keys read through req_to_token
  * [*, table_stride]; the first n_shared keys of every request are the slots `shared` (0: none).
- * K/V buffers hold kv_dtype elements: 0 float32, 1 bfloat16, 2 float16 (the kv_dtype below too). */
+ * K/V buffers hold kv_dtype elements: 0 float32, 1 bfloat16, 2 float16, or 3 int8 rows (per token and
+ * KV head D int8 values and a float32 scale: D + 4 bytes); the kv_dtype arguments below too. */
 typedef struct {
     int64_t tokens;
     int64_t hidden;

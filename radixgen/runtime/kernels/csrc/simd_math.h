@@ -12,6 +12,7 @@
  */
 #ifndef RADIXGEN_SIMD_MATH_H
 #define RADIXGEN_SIMD_MATH_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -87,27 +88,56 @@ static inline float rg_bf16_to_float(uint16_t h) {
     return f;
 }
 
-/* KV cache element types (the kv_dtype arguments of radixgen_kernels.h). */
+/* KV cache element types (the kv_dtype arguments of radixgen_kernels.h). RG_KV_I8 rows: per
+ * (token, KV head) D int8 values q and a float32 scale s in the next 4 bytes, x = s * q, s = max|x| / 127
+ * (a head row is D + 4 bytes; every other type's is D elements). */
 #define RG_KV_F32 0
 #define RG_KV_BF16 1
 #define RG_KV_F16 2
+#define RG_KV_I8 3
 
-static inline int64_t rg_kv_bytes(int kv) { return kv == RG_KV_F32 ? 4 : 2; }
+static inline int64_t rg_kv_bytes(int kv) { return kv == RG_KV_F32 ? 4 : kv == RG_KV_I8 ? 1 : 2; }
 
+/* Elements from one KV head row to the next. */
+static inline int64_t rg_kv_head_stride(int kv, int64_t D) { return kv == RG_KV_I8 ? D + 4 : D; }
+
+/* The scale of the int8 head row starting at element `base` (1 for the other types). */
+static inline float rg_kv_row_scale(const void *p, int64_t base, int64_t D, int kv) {
+    if (kv != RG_KV_I8) return 1.0f;
+    float s;
+    memcpy(&s, (const int8_t *)p + base + D, sizeof s);
+    return s;
+}
+
+/* Element i, unscaled for int8 rows (times the row's scale it is the value). */
 static inline float rg_kv_load(const void *p, int64_t i, int kv) {
     if (kv == RG_KV_F32) return ((const float *)p)[i];
+    if (kv == RG_KV_I8) return (float)((const int8_t *)p)[i];
     const uint16_t h = ((const uint16_t *)p)[i];
     return kv == RG_KV_BF16 ? rg_bf16_to_float(h) : rg_half_to_float(h);
 }
 
-/* dst[i0 .. i0 + n) = src[0 .. n) converted to the KV type. */
-static inline void rg_kv_store(void *dst, int64_t i0, const float *src, int64_t n, int kv) {
+/* One head row src[0 .. D) stored at element `base` in the KV type (int8: quantized as torch's
+ * round(x / s), ties to even, with s = max|x| / 127, 0 for an all-zero row). */
+static inline void rg_kv_store_head(void *dst, int64_t base, const float *src, int64_t D, int kv) {
     if (kv == RG_KV_F32) {
-        memcpy((float *)dst + i0, src, sizeof(float) * (size_t)n);
+        memcpy((float *)dst + base, src, sizeof(float) * (size_t)D);
         return;
     }
-    uint16_t *d = (uint16_t *)dst + i0;
-    for (int64_t i = 0; i < n; i++) d[i] = kv == RG_KV_BF16 ? rg_float_to_bf16(src[i]) : rg_float_to_half(src[i]);
+    if (kv == RG_KV_I8) {
+        float amax = 0.0f;
+        for (int64_t i = 0; i < D; i++) amax = fabsf(src[i]) > amax ? fabsf(src[i]) : amax;
+        const float s = amax / 127.0f, div = s == 0.0f ? 1.0f : s;
+        int8_t *d = (int8_t *)dst + base;
+        for (int64_t i = 0; i < D; i++) {
+            const float q = rintf(src[i] / div);
+            d[i] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+        }
+        memcpy(d + D, &s, sizeof s);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst + base;
+    for (int64_t i = 0; i < D; i++) d[i] = kv == RG_KV_BF16 ? rg_float_to_bf16(src[i]) : rg_float_to_half(src[i]);
 }
 
 #ifdef RG_AVX2
