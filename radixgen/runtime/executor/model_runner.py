@@ -21,6 +21,7 @@ from radixgen.runtime.models.resolve import resolve_model_path
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cache/kv_quant.py)
 
 
 class ModelRunner:
@@ -31,7 +32,7 @@ class ModelRunner:
         self.engine_config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else DTYPES[config.kv_cache_dtype]
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else KV_DTYPES[config.kv_cache_dtype]
         if self.device.type != "cpu" and self.kv_dtype != self.dtype:
             raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} differs from dtype={config.dtype!r}: "
                              "only the CPU kernels read another KV dtype; use kv_cache_dtype='auto' on GPU")
