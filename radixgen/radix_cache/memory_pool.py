@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from radixgen.common.transfer import to_device
+from radixgen.radix_cache import kv_quant
 from radixgen.radix_cache.host_memory import empty_kv_buffer
 
 
@@ -58,7 +59,9 @@ class TokenAllocator:
 
 
 class TokenToKVPool:
-    """Per-layer K and V buffers, each [size + 1, num_kv_heads, head_dim], and their allocator."""
+    """Per-layer K and V buffers, each [size + 1, num_kv_heads, head_dim], and their allocator.
+    With dtype int8, each buffer is [size + 1, num_kv_heads, head_dim + 4]: int8 rows with their
+    scales (`kv_quant`)."""
 
     def __init__(
         self,
@@ -70,8 +73,9 @@ class TokenToKVPool:
         device: str | torch.device = "cpu",
     ) -> None:
         self.size = size
+        self.dtype = dtype
         self.allocator = TokenAllocator(size)
-        shape = (size + 1, num_kv_heads, head_dim)
+        shape = (size + 1, num_kv_heads, kv_quant.row_width(head_dim, dtype))
         # Uninitialised (a slot is written before it is read; on CPU untouched pages cost no memory, and
         # huge pages make the first write to new slots cheap: see host_memory), except the padding
         # slot 0: masked-out keys read it, so it must hold finite values.
@@ -91,6 +95,8 @@ class TokenToKVPool:
 
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' K/V ([T, kv_heads, head_dim]) at slots `loc` ([T])."""
+        if self.dtype == torch.int8:
+            k, v = kv_quant.quantize(k), kv_quant.quantize(v)
         self.k_buffer[layer][loc] = k
         self.v_buffer[layer][loc] = v
 

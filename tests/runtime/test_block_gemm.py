@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import gguf
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import torch
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
     block_linear,
+    block_rows_limit,
     concat_rows,
     from_gguf,
     library,
@@ -56,13 +59,19 @@ def test_block_linear_matches_gguf_dequantized(qtype, m):
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
-    """Each output sums its products in one fixed order, so a row's result is bit-identical whether
-    it runs alone or among up to BLOCK_MAX_ROWS others (the 16-row groups and their remainders)."""
+    """Each output sums its products in one fixed order whatever the row count within a kernel path
+    (the vector path below `block_gemm_amx_rows()` rows, the AMX tiles from there), so a row's result is
+    bit-identical alone or among any others of its path (the 8-row groups, 16-row tiles, 128-row chunks
+    and their remainders); across the two paths it agrees to float precision."""
     w = pack_panels(from_gguf(random_gguf(qtype, 50, 128, 7), qtype))
-    x = torch.randn(BLOCK_MAX_ROWS, 128, generator=torch.Generator().manual_seed(3))
-    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(BLOCK_MAX_ROWS)])
-    for m in (2, 5, 16, 17, BLOCK_MAX_ROWS):
-        assert torch.equal(block_linear(x[:m], w), alone[:m])
+    x = torch.randn(140, 128, generator=torch.Generator().manual_seed(3))
+    amx_rows = library().block_gemm_amx_rows()
+    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(len(x))])
+    wide = block_linear(x, w)
+    for m in (2, 5, 9, 16, 17, 20, 40, 129, 140):
+        y = block_linear(x[:m], w)
+        assert torch.equal(y, alone[:m] if not amx_rows or m < amx_rows else wide[:m])
+        torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
 
 
 def test_rows_and_concat_keep_gguf_values():
@@ -84,7 +93,26 @@ def test_bad_input_is_rejected():
         block_linear(torch.randn(2, 64, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="Q6_K"):
         from_gguf(np.zeros((1, 210), np.uint8), "Q6_K")
-    assert use_blocks(torch.randn(BLOCK_MAX_ROWS, 8)) and not use_blocks(torch.randn(BLOCK_MAX_ROWS + 1, 8))
+    assert not use_blocks(torch.randn(4, 8, dtype=torch.bfloat16))
+
+
+def test_zero_rows_on_a_fresh_thread():
+    """An empty batch (a step with no row to sample) on a thread that never ran the kernel: the
+    kernel's per-thread buffers are still empty, and 0 rows must still be a [0, n] answer."""
+    w = pack_panels(from_gguf(random_gguf("Q4_0", 48, 64, 1), "Q4_0"))
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(block_linear(torch.empty(0, 64), w)))
+    t.start()
+    t.join()
+    assert out and out[0].shape == (0, 48)
+
+
+def test_block_path_row_limit():
+    """Up to BLOCK_MAX_ROWS rows on the vector paths; any number where AMX tiles take the wide ones."""
+    amx = library().block_gemm_amx_rows() > 0
+    assert block_rows_limit() == (None if amx else BLOCK_MAX_ROWS)
+    assert use_blocks(torch.randn(BLOCK_MAX_ROWS, 8))
+    assert use_blocks(torch.randn(2048, 8)) == amx
 
 
 def test_smollm2_decodes_through_block_weights(smollm2_path):

@@ -6,11 +6,22 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixgen.radix_cache import kv_quant
 from radixgen.runtime.kernels import decode_attention as cpu_attention
 from radixgen.runtime.kernels import ffi
 from radixgen.runtime.layers.attention import get_attention_backend
 
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernel")
+
+
+def kv_buffer(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [N, Hkv, D] as a KV buffer of `dtype` (int8: rows with scales)."""
+    return kv_quant.quantize(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def kv_values(buf: torch.Tensor) -> torch.Tensor:
+    """The float32 values a KV buffer holds."""
+    return kv_quant.dequantize(buf, torch.float32) if buf.dtype == torch.int8 else buf.float()
 
 
 def naive(q, k_buf, v_buf, table, rows, lens, scale):
@@ -29,13 +40,17 @@ def naive(q, k_buf, v_buf, table, rows, lens, scale):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 64), (8, 2, 128), (12, 2, 48), (10, 1, 40),
                                                      (4, 4, 16)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype):
+@pytest.mark.parametrize("dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                           (torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                                           (torch.int8, torch.float32)])
+def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype, q_dtype):
+    """K/V in each KV cache dtype (a float32 model with a 16-bit cache: q float32), against float64 on
+    the cache's own values."""
     g = torch.Generator().manual_seed(heads * 100 + head_dim)
     lens = torch.tensor([1, 2, 9, 17, 64, 300, 131])
     n_slots = int(lens.sum()) + 50
-    k_buf = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
-    v_buf = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    k_buf = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2, dtype)
+    v_buf = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g), dtype)
     table = torch.zeros(10, 320, dtype=torch.int64)
     rows = torch.randperm(10, generator=g)[: len(lens)]
     free = torch.randperm(n_slots - 1, generator=g) + 1  # scattered slots, as after cache churn
@@ -43,20 +58,20 @@ def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype):
     for r, n in zip(rows.tolist(), lens.tolist(), strict=True):
         table[r, :n] = free[start : start + n]
         start += n
-    q = torch.randn(len(lens), heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(len(lens), heads, head_dim, generator=g).to(q_dtype)
     scale = head_dim**-0.5
     out = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
-    ref = naive(q.float(), k_buf.float(), v_buf.float(), table, rows, lens, scale)
-    assert out.dtype == dtype and out.shape == (len(lens), heads * head_dim)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    ref = naive(q.float(), kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
+    assert out.dtype == q_dtype and out.shape == (len(lens), heads * head_dim)
+    tol = 1e-5 if q_dtype == torch.float32 else 2e-2  # a bfloat16 output rounds
     assert (out.double() - ref).abs().max().item() <= tol
 
 
 def test_decode_attention_rejects_bad_input():
     q, kv = torch.randn(1, 4, 16), torch.randn(8, 2, 16)
     table, rows = torch.arange(8)[None], torch.tensor([0])
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
-        cpu_attention.decode_attention(q, kv.half(), kv.half(), table, rows, torch.tensor([3]), 0.25)
+    with pytest.raises(ValueError, match="float32, bfloat16, float16 or int8"):
+        cpu_attention.decode_attention(q, kv.double(), kv.double(), table, rows, torch.tensor([3]), 0.25)
     with pytest.raises(RuntimeError, match="sequence length"):
         cpu_attention.decode_attention(q, kv, kv, table, rows, torch.tensor([9]), 0.25)
 
@@ -65,7 +80,8 @@ def test_backend_choice():
     cpu = torch.device("cpu")
     assert get_attention_backend("torch", cpu, torch.float32).c_decode
     assert not get_attention_backend("torch-sdpa", cpu, torch.float32).c_decode
-    assert not get_attention_backend("torch", cpu, torch.float16).c_decode
+    assert get_attention_backend("torch", cpu, torch.float16).c_decode
+    assert not get_attention_backend("torch", cpu, torch.float64).c_decode
 
 
 def test_engine_c_decode_equals_sdpa(tiny_models, engine_greedy_outputs):
@@ -85,8 +101,8 @@ def test_shared_prefix_decode_matches_naive(heads, kv_heads, head_dim, batch, dt
     c = 97
     own = (torch.arange(batch) * 7) % 23 + 1  # own keys incl. the new token, >= 1
     n_slots = c + int(own.sum()) + 10
-    k_buf = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
-    v_buf = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    k_buf = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2, dtype)
+    v_buf = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g), dtype)
     free = torch.randperm(n_slots - 1, generator=g) + 1
     table = torch.zeros(batch + 2, 200, dtype=torch.int64)
     rows = torch.randperm(batch + 2, generator=g)[:batch]
@@ -99,6 +115,6 @@ def test_shared_prefix_decode_matches_naive(heads, kv_heads, head_dim, batch, dt
     q = torch.randn(batch, heads, head_dim, generator=g).to(dtype)
     scale = head_dim**-0.5
     out = cpu_attention.shared_prefix_decode_attention(q, k_buf, v_buf, table, rows, lens, free[:c], scale)
-    ref = naive(q.float(), k_buf.float(), v_buf.float(), table, rows, lens, scale)
+    ref = naive(q.float(), kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     assert (out.double() - ref).abs().max().item() <= tol

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixgen.radix_cache import kv_quant
 from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels import layer_ops as cpu_layer_ops
 from radixgen.runtime.layers.rotary import Rotary
@@ -62,6 +63,41 @@ def test_rope_store(heads, kv_heads, head_dim):
     untouched = torch.ones(41, dtype=torch.bool)
     untouched[loc] = False
     assert not k_buf[untouched].any() and not v_buf[untouched].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rope_store_rounds_like_torch(dtype):
+    """A 16-bit KV cache: v is stored exactly as torch rounds it to that dtype (nearest even, float16's
+    subnormals and overflow included), so the C and torch paths fill the cache alike."""
+    kv_heads, d, t = 2, 64, 3
+    g = torch.Generator().manual_seed(0)
+    v = torch.randn(t, kv_heads * d, generator=g) * torch.pow(10.0, torch.empty(t, kv_heads * d).uniform_(-9, 6,
+                                                                                                          generator=g))
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11, 65504.0, 65519.0, 65520.0, 2**-25, 3 * 2**-26,
+            1.5 * 2**-24, 2**-14 * (1 - 2**-11), -0.0, 1e-40, float("inf"), -float("inf"), -3e38]
+    v[0, : len(ties)] = torch.tensor(ties)
+    qkv = torch.cat([torch.zeros(t, 2 * kv_heads * d), v], 1)  # one query head per KV head, then k (0), then v
+    cos, sin = torch.ones(8, d // 2), torch.zeros(8, d // 2)
+    k_buf, v_buf = torch.zeros(5, kv_heads, d, dtype=dtype), torch.zeros(5, kv_heads, d, dtype=dtype)
+    loc = torch.tensor([3, 1, 4])
+    cpu_layer_ops.rope_store(qkv, kv_heads, kv_heads, cos, sin, torch.tensor([0, 1, 2]), loc, k_buf, v_buf)
+    expect = v.to(dtype).view(t, kv_heads, d)
+    assert torch.equal(v_buf[loc].view(torch.int16), expect.view(torch.int16))
+
+
+def test_rope_store_quantizes_like_kv_quant():
+    """An int8 KV cache: the C store writes exactly kv_quant.quantize's rows (values and scale bytes)."""
+    kv_heads, d, t = 3, 64, 4
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(t, 3 * kv_heads * d, generator=g) * 5
+    qkv[1, 2 * kv_heads * d : 2 * kv_heads * d + d] = 0  # an all-zero v head row: scale 0
+    cos, sin = torch.ones(8, d // 2), torch.zeros(8, d // 2)  # no rotation: k is stored as given
+    k_buf, v_buf = torch.zeros(6, kv_heads, d + 4, dtype=torch.int8), torch.zeros(6, kv_heads, d + 4, dtype=torch.int8)
+    loc = torch.tensor([5, 1, 3, 2])
+    cpu_layer_ops.rope_store(qkv, kv_heads, kv_heads, cos, sin, torch.arange(t), loc, k_buf, v_buf)
+    k, v = qkv[:, kv_heads * d : 2 * kv_heads * d], qkv[:, 2 * kv_heads * d :]
+    assert torch.equal(k_buf[loc], kv_quant.quantize(k.reshape(t, kv_heads, d)))
+    assert torch.equal(v_buf[loc], kv_quant.quantize(v.reshape(t, kv_heads, d)))
 
 
 def test_rejects_non_contiguous():

@@ -1,10 +1,13 @@
-"""Every C kernel's native (SIMD) build against its scalar reference build (-DRADIXGEN_SCALAR), and
-the C boundary's declarations: the ctypes bindings come from the header, the struct mirrors are
-checked against it.
+"""Every C kernel's SIMD builds against its scalar reference build (-DRADIXGEN_SCALAR), and the C
+boundary's declarations: the ctypes bindings come from the header, the struct mirrors are checked
+against it.
 
-The two builds run the same algorithms; they may differ by FMA contraction and the AVX2 exp
-approximation (~1e-7 relative), so results are compared to float tolerance, on shapes that cover
-the vector tails (dimensions not a multiple of 8 or 16, partial panels, odd head groups).
+The SIMD builds: the native one (-march=native, what the engine runs) and each narrower path this
+CPU can also run (AVX2, AVX-VNNI, AVX-512 VNNI; `build.PATH_VARIANTS`), so a CPU with AVX-512 tests
+the AVX2 code too. They run the same algorithms as the scalar build; they may differ by FMA
+contraction, summation order and the vector exp approximation (~1e-7 relative), so results are
+compared to float tolerance, on shapes that cover the vector tails (dimensions not a multiple of 8
+or 16, partial panels, odd head groups).
 """
 
 from __future__ import annotations
@@ -14,28 +17,50 @@ import ctypes
 import pytest
 import torch
 
+from radixgen.radix_cache import kv_quant
+from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
-from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from tests.runtime.test_block_gemm import random_gguf
+from tests.runtime.test_cpu_attention import kv_buffer
 
 pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is None,
                                 reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(scope="module")
-def libs() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    return ffi.library(), ffi.load("scalar")
+@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+def libs(request) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """(a SIMD build, the scalar build)."""
+    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    lib = ffi.load(request.param)
+    assert lib is not None, f"the {request.param} build failed"
+    lib.variant = request.param
+    return lib, ffi.load("scalar")
+
+
+def expected_paths(variant: str, flags: set[str]) -> set[str]:
+    """The SIMD paths a build should report, from the CPU's own flags (native) or the build's target."""
+    if variant != "native":
+        return {"avx2", variant}
+    paths = set()
+    if {"avx2", "fma", "f16c"} <= flags:
+        paths.add("avx2")
+        if "avx_vnni" in flags:
+            paths.add("avx-vnni")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
+            paths.add("avx512-vnni")
+            if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags:
+                paths.add("amx")
+    return paths
 
 
 def test_the_builds_run_different_paths(libs):
-    """The native build takes the SIMD paths this CPU has, so the diffs below compare two code paths."""
-    from pathlib import Path
-
-    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    """Each SIMD build takes the paths its target has (the native one: this CPU's, as /proc/cpuinfo
+    lists them), so the diffs below compare different code paths."""
     assert ffi.simd_path(libs[1]) == "scalar"
-    assert ffi.simd_path(libs[0]) == ("avx2" if {"avx2", "fma"} <= set(flags) else "scalar")
+    assert ffi.simd_features(libs[0]) == expected_paths(libs[0].variant, build.cpu_flags())
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
@@ -43,8 +68,10 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m", [1, 3, 16, 17, 20])
+@pytest.mark.parametrize("m", [1, 3, 16, 17, 20, 40, 130])
 def test_block_gemm(libs, qtype, m):
+    """Native from block_gemm_amx_rows() rows on runs the AMX tiles (2 x 2 tiles, an odd tile, a
+    partial 128-row chunk); below, and in the other builds, the vector paths."""
     n, k = 37, 96  # a partial last panel
     w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=m), qtype))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -63,13 +90,13 @@ def _table(batch: int, lens: list[int], n_slots: int, g: torch.Generator) -> tup
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (6, 1, 18), (4, 4, 16)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 def test_decode_attention(libs, heads, kv_heads, head_dim, dtype):
     g = torch.Generator().manual_seed(heads + head_dim)
     lens = [1, 13, 40, 7]
     n_slots = sum(lens) + 5
-    k = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
-    v = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
+    k = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2, dtype)
+    v = kv_buffer(torch.randn(n_slots, kv_heads, head_dim, generator=g), dtype)
     q = torch.randn(len(lens), heads, head_dim, generator=g)
     table, rows = _table(len(lens), lens, n_slots, g)
     seq = torch.tensor(lens)
@@ -113,7 +140,8 @@ def test_layer_ops(libs, n):
         close(a, b)
 
 
-def test_rope_store(libs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
+def test_rope_store(libs, dtype):
     g = torch.Generator().manual_seed(1)
     heads, kv_heads, d, t = 6, 2, 18, 5
     qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g)
@@ -121,11 +149,18 @@ def test_rope_store(libs):
     positions, loc = torch.tensor([0, 3, 63, 9, 9]), torch.tensor([4, 1, 7, 2, 5])
     results = []
     for lib in libs:
-        x, kb, vb = qkv.clone(), torch.zeros(9, kv_heads, d), torch.zeros(9, kv_heads, d)
+        width = d + 4 if dtype == torch.int8 else d
+        kb, vb = (torch.zeros(9, kv_heads, width, dtype=dtype) for _ in range(2))
+        x = qkv.clone()
         layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, lib=lib)
         results.append((x, kb, vb))
     for a, b in zip(*results, strict=True):
-        close(a, b)
+        if a.dtype == torch.int8:  # the rotated k may differ by FMA rounding: within one int8 step
+            va, vb_ = (kv_quant.dequantize(t, torch.float32) for t in (a, b))
+            step = va.abs().amax(-1, keepdim=True) / 127
+            assert ((va - vb_).abs() <= step * 1.01 + 1e-6).all()
+        else:
+            close(a.float(), b.float())
 
 
 @pytest.mark.parametrize("shared", [0, 12])

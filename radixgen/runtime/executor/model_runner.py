@@ -27,6 +27,7 @@ from radixgen.runtime.models.resolve import resolve_model_path
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cache/kv_quant.py)
 
 
 class ModelRunner:
@@ -37,7 +38,11 @@ class ModelRunner:
         self.engine_config = config
         self.device = torch.device(config.device)
         self.dtype = DTYPES[config.dtype]
-        self.attention = get_attention_backend(config.attention_backend, self.device, self.dtype)
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else KV_DTYPES[config.kv_cache_dtype]
+        if self.device.type != "cpu" and self.kv_dtype != self.dtype:
+            raise ValueError(f"kv_cache_dtype={config.kv_cache_dtype!r} differs from dtype={config.dtype!r}: "
+                             "only the CPU kernels read another KV dtype; use kv_cache_dtype='auto' on GPU")
+        self.attention = get_attention_backend(config.attention_backend, self.device, self.kv_dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         t0 = time.perf_counter()
@@ -64,7 +69,7 @@ class ModelRunner:
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
-            config.max_total_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.dtype, self.device
+            config.max_total_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.kv_dtype, self.device
         )
         self.model.bind_kv_pool(self.token_to_kv_pool)
         self.decode_graphs: DecodeGraphRunner | None = None
@@ -73,8 +78,9 @@ class ModelRunner:
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
-        logger.info("paths: %s %s on %s, attention %s, C kernels %s, %d block-weight matrices, one-call C decode %s, "
-                    "CUDA graphs %s", model_config.arch, config.dtype, self.device, self.attention.name,
+        logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices, one-call C "
+                    "decode %s, CUDA graphs %s", model_config.arch, config.dtype,
+                    str(self.kv_dtype).removeprefix("torch."), self.device, self.attention.name,
                     ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
                     "on" if self.model.decode_in_c is not None else "off",
                     "on" if self.decode_graphs is not None else "off")

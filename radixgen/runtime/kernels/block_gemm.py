@@ -1,14 +1,16 @@
-"""float32 GEMMs on weights kept in GGUF's 32-weight blocks (Q4_0, Q4_1, Q8_0), for CPU decoding.
+"""GEMMs on weights kept in GGUF's 32-weight blocks (Q4_0, Q4_1, Q8_0), for CPU decoding.
 
 A decode step multiplies a handful of activation rows by every weight matrix. A Q4_1 matrix
-dequantized to float32 is 4 bytes a weight; kept in its blocks it is 0.56. `runtime/kernels/csrc/block_gemm.c`
-reads the blocks repacked into panels of 16 output rows (`pack_panels`), widens each weight column
-in registers to exactly the float32 values the gguf package dequantizes to, and multiplies it into
-up to 16 activation rows at once. SmolLM2-135M, 2 threads, vs oneDNN on the dense float32 weights:
-the 210 layer matrices (Q4_1) at 1 row 5.9 vs 24 ms, 16 rows 21.5 vs 33 ms, 20 rows 29 vs 37 ms, 24
-rows 41 vs 41 ms; the Q8_0 head at 1 row 1.0 vs 4.4 ms, 16 rows 4.7 vs 5.7 ms. `use_blocks` routes
-up to BLOCK_MAX_ROWS rows here. Each output sums its products in one order whatever the row count, so
-within that range a request's logits do not depend on its batch-mates.
+dequantized to float32 is 4 bytes a weight; kept in its blocks (fp16 scales) it is 0.625.
+`csrc/block_gemm.c` reads the blocks repacked into panels of 16 output rows (`pack_panels`) and
+multiplies them by integer dot products with the activations split into three int8 limbs (24
+bits: float32's precision; the results match a float32 GEMM on the gguf-dequantized weights to
+~1e-7 relative). Widening each weight to float32 instead, as this kernel did before, cost ~5x the
+vector instructions: on SmolLM2-135M (one thread, CPU time, Xeon with AVX512-VNNI) one decode row
+through the 210 layer matrices took 15.5 ms that way and takes 9.3 ms now, the Q8_0 head 5.3 -> 3.1
+ms, where the weights' streaming from memory is the bound. `use_blocks` routes up to BLOCK_MAX_ROWS
+rows here. Each output sums its products in one order whatever the row count, so within that range
+a request's logits do not depend on its batch-mates.
 
 The C file is built on first use (`ffi.library()` is None if that fails, and the model then runs
 dense GEMMs only).
@@ -26,7 +28,7 @@ import torch
 from radixgen.runtime.kernels import ffi
 
 BLOCK = 32  # weights per block
-BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel beats the dense GEMM
+BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel's vector paths beat the dense GEMM
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 # bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -85,8 +87,10 @@ def from_gguf(data: np.ndarray, qtype: str) -> BlockWeight:
 @dataclass
 class PanelWeight:
     """A BlockWeight repacked for the kernel: rows padded to a multiple of 16 and grouped in panels
-    of 16, each block's integers column-major inside a panel (see csrc/block_gemm.c).
-    bits 4: qs uint8 [P, k/32, 16, 16]; bits 8: qs int8 [P, k/32, 32, 16]; scale, minv [P, k/32, 16]."""
+    of 16; in each block, 4 consecutive weights of the 16 rows form one 64-byte vector (see
+    csrc/block_gemm.c). bits 4: qs uint8 [P, k/32, 4, 16, 4] (GGUF's block bytes: low nibble weight
+    4g + t, high nibble 16 + 4g + t); bits 8: qs int8 [P, k/32, 8, 16, 4]; scale, minv float16
+    [P, k/32, 16] (GGUF stores them in fp16, so this is exact)."""
 
     bits: int
     n: int  # rows of the weight (the padding rows are zeros)
@@ -105,22 +109,32 @@ class PanelWeight:
         return ffi.BlockWeightC(self.bits, self.qs.data_ptr(), self.scale.data_ptr(), minv)
 
 
+def _half(t: torch.Tensor, what: str) -> torch.Tensor:
+    """float32 -> float16, which must be exact (GGUF's scales are fp16; Q4_0's min is -8 d)."""
+    h = t.to(torch.float16)
+    if not torch.equal(h.float(), t):
+        raise ValueError(f"block {what} values are not exactly representable in float16")
+    return h
+
+
 def pack_panels(w: BlockWeight) -> PanelWeight:
     """`w` in the kernel's panel layout (a copy; `w` is unchanged)."""
     n, k = w.shape
     nb, pad = k // BLOCK, -n % PANEL
     panels = (n + pad) // PANEL
 
-    def panel_major(t: torch.Tensor | None, cols: int) -> torch.Tensor | None:  # [n, nb * cols] -> [P, nb, cols, 16]
+    def panel_major(t: torch.Tensor | None, groups: int, width: int) -> torch.Tensor | None:
+        """[n, nb * groups * width] -> [P, nb, groups, 16, width]."""
         if t is None:
             return None
-        t = torch.cat([t.reshape(n, nb, cols), t.new_zeros(pad, nb, cols)])
-        return t.view(panels, PANEL, nb, cols).permute(0, 2, 3, 1).contiguous()
+        t = torch.cat([t.reshape(n, nb, groups, width), t.new_zeros(pad, nb, groups, width)])
+        return t.view(panels, PANEL, nb, groups, width).permute(0, 2, 3, 1, 4).contiguous()
 
-    qcols = BLOCK // 2 if w.bits == 4 else BLOCK
-    minv = panel_major(w.minv, 1)
-    return PanelWeight(w.bits, n, panel_major(w.qs, qcols), panel_major(w.scale, 1)[:, :, 0],
-                       None if minv is None else minv[:, :, 0])
+    groups = 4 if w.bits == 4 else 8  # 64-byte vectors per block
+    qs = panel_major(w.qs, groups, 4)
+    scale = panel_major(_half(w.scale, "scale"), 1, 1)[:, :, 0, :, 0]  # [P, nb, 16]
+    minv = None if w.minv is None else panel_major(_half(w.minv, "min"), 1, 1)[:, :, 0, :, 0].contiguous()
+    return PanelWeight(w.bits, n, qs, scale.contiguous(), minv)
 
 
 def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
@@ -137,9 +151,19 @@ def library() -> ctypes.CDLL | None:
     return ffi.library()
 
 
+@functools.cache
+def block_rows_limit() -> int | None:
+    """Most activation rows for which the block kernel beats a dense float32 GEMM: None (any number)
+    where it runs on AMX tiles from `block_gemm_amx_rows()` rows on, else BLOCK_MAX_ROWS (its vector
+    paths; above that oneDNN's float32 GEMM is faster)."""
+    lib = library()
+    return None if lib is not None and lib.block_gemm_amx_rows() > 0 else BLOCK_MAX_ROWS
+
+
 def use_blocks(x: torch.Tensor) -> bool:
     """Whether `block_linear` is the faster choice for activations x [M, k]."""
-    return x.shape[0] <= BLOCK_MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+    limit = block_rows_limit()
+    return (limit is None or x.shape[0] <= limit) and x.dtype == torch.float32 and x.device.type == "cpu"
 
 
 def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:

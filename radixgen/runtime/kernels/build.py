@@ -5,8 +5,9 @@ runs a whole decode step through the GEMM, attention and layer-op kernels) with 
 compiler (`CC`, default `cc`), into the user cache, keyed by the sources, headers, flags and CPU
 flags, so later runs just load it. Two variants: `native` (`-march=native`: the SIMD paths this CPU
 has) and `scalar` (`-DRADIXGEN_SCALAR`, no SIMD: the reference the tests diff the native build
-against). torch is imported first, so the library shares torch's OpenMP runtime (same soname, one
-thread team) instead of starting a second one. `ffi.py` loads and binds the result.
+against); tests also build the narrower SIMD paths this CPU can run (`PATH_VARIANTS`). The kernels
+run on their own threads (`csrc/thread_pool.c`), not OpenMP, so torch's OpenMP teams, the user's
+included, do not slow them. `ffi.py` loads and binds the result.
 """
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ import subprocess
 import time
 from pathlib import Path
 
-import torch  # noqa: F401  (loads libgomp before any kernel library)
-
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-COMMON_FLAGS = ["-fopenmp", "-shared", "-fPIC", "-Wl,-Bsymbolic"]  # Bsymbolic: calls between kernels stay
+COMMON_FLAGS = ["-pthread", "-shared", "-fPIC", "-Wl,-Bsymbolic"]  # Bsymbolic: calls between kernels stay
 # inside their own library when both variants are loaded in one process
 VARIANT_FLAGS = {"native": ["-O3", "-march=native"], "scalar": ["-O2", "-DRADIXGEN_SCALAR"]}
+# Builds of the narrower SIMD paths, for tests on a CPU that has more (each is diffed against the
+# scalar build where this CPU can run it): the CPU flags each needs, and its compiler flags.
+PATH_VARIANTS = {
+    "avx2": ({"avx2", "fma", "f16c"}, ["-O3", "-march=haswell"]),
+    "avx-vnni": ({"avx2", "fma", "f16c", "avx_vnni"}, ["-O3", "-march=alderlake"]),
+    "avx512-vnni": ({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}, ["-O3", "-march=icelake-server"]),
+}
+VARIANT_FLAGS.update({name: flags for name, (_, flags) in PATH_VARIANTS.items()})
 
 
 def _sources() -> list[Path]:
@@ -41,12 +48,18 @@ def _build_key(cc: str, flags: list[str]) -> str:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update(" ".join([cc, *flags, platform.machine()]).encode())
-    try:  # -march=native: the binary is for this CPU model
-        cpu_flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-        h.update(cpu_flags.encode())
-    except (OSError, StopIteration):
-        pass
+    h.update(" ".join(sorted(cpu_flags())).encode())  # -march=native: the binary is for this CPU model
     return h.hexdigest()[:16]
+
+
+@functools.cache
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return set()
+    return set(line.split(":", 1)[1].split())
 
 
 @functools.cache

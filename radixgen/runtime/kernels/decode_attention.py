@@ -13,7 +13,7 @@ import torch
 
 from radixgen.runtime.kernels import ffi
 
-KV_DTYPES = (torch.float32, torch.bfloat16)
+KV_DTYPES = tuple(ffi.KV_DTYPE_CODES)  # float32, bfloat16, float16, int8 rows (radix_cache/kv_quant.py)
 
 
 def available(device: torch.device, dtype: torch.dtype | None) -> bool:
@@ -23,7 +23,7 @@ def available(device: torch.device, dtype: torch.dtype | None) -> bool:
 
 def decode_attention(
     q: torch.Tensor,  # [B, H, D]
-    k_buffer: torch.Tensor,  # [N, Hkv, D]
+    k_buffer: torch.Tensor,  # [N, Hkv, D] (int8 rows: [N, Hkv, D + 4])
     v_buffer: torch.Tensor,  # [N, Hkv, D]
     req_to_token: torch.Tensor,  # [R, L] int64 KV slot of each request's tokens
     rows: torch.Tensor,  # [B] int64 row of each request in req_to_token
@@ -40,7 +40,8 @@ def decode_attention(
     b, h, d = q.shape
     h_kv = k_buffer.shape[1]
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
-        raise ValueError(f"decode_attention: K/V must be float32 or bfloat16, got {k_buffer.dtype}/{v_buffer.dtype}")
+        raise ValueError(f"decode_attention: K/V must be float32, bfloat16, float16 or int8 rows, got "
+                         f"{k_buffer.dtype}/{v_buffer.dtype}")
     if req_to_token.dtype != torch.int64 or not req_to_token.is_contiguous():
         raise ValueError("decode_attention: req_to_token must be a contiguous int64 table")
     lib = lib or ffi.library()
@@ -51,7 +52,7 @@ def decode_attention(
     lse = torch.empty((b, h), dtype=torch.float32) if return_lse else None
     rows, seq_lens = rows.contiguous(), seq_lens.contiguous()
     rc = lib.decode_attention(
-        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), int(k_buffer.dtype == torch.bfloat16),
+        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
         req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(), start, b, h, h_kv, d,
         scale, out.data_ptr(), None if lse is None else lse.data_ptr(), torch.get_num_threads(),
     )
@@ -77,15 +78,17 @@ def shared_prefix_decode_attention(
     """Cascade decode attention: every request's queries against the shared prefix together (each
     shared key read once per 24 queries, outer products), the rest per request, merged by
     log-sum-exp. 16 decodes on a shared 1000-token prefix: the per-request kernel alone re-reads the
-    prefix 16 times."""
+    prefix 16 times. int8 K/V: no cascade kernel; each request attends its whole sequence."""
     b, h, d = q.shape
     lib = lib or ffi.library()
+    if k_buffer.dtype == torch.int8:
+        return decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, lib=lib)
     out, lse_own = decode_attention(q, k_buffer, v_buffer, req_to_token, rows, seq_lens, scale, start=shared.numel(),
                                     return_lse=True, lib=lib)  # [B, H, D], [B, H]
     shared, qf = shared.contiguous(), q.float().contiguous()  # held: the C call reads their memory
     rc = lib.shared_prefix_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
-        int(k_buffer.dtype == torch.bfloat16), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
+        ffi.kv_dtype_code(k_buffer.dtype), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
         out.data_ptr(), lse_own.data_ptr(), torch.get_num_threads(),
     )
     if rc != 0:

@@ -11,12 +11,13 @@ The model assembles the layers (`LlamaModel.bind_kv_pool`); this module knows no
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 
 import torch
 
 from radixgen.runtime.kernels import ffi
-from radixgen.runtime.kernels.block_gemm import BLOCK_MAX_ROWS, PanelWeight
+from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit
 
 
 @dataclass
@@ -25,7 +26,7 @@ class LayerWeights:
 
     input_norm: torch.Tensor  # [hidden]
     post_norm: torch.Tensor  # [hidden]
-    k_buffer: torch.Tensor  # [N, Hkv, D]
+    k_buffer: torch.Tensor  # [N, Hkv, D] float32, bfloat16 or float16
     v_buffer: torch.Tensor  # [N, Hkv, D]
     qkv: PanelWeight
     o: PanelWeight
@@ -46,9 +47,8 @@ class DecodeDims:
 class DecodeLayers:
     """The layer array of one model over one KV pool, and the call that runs a decode step on it."""
 
-    max_rows = BLOCK_MAX_ROWS  # decode rows up to which the block GEMMs (and so this path) apply
-
     def __init__(self, layers: list[LayerWeights], dims: DecodeDims) -> None:
+        self.max_rows = block_rows_limit() or sys.maxsize  # decode rows up to which the block GEMMs apply
         ptr = lambda t: t.data_ptr()  # noqa: E731
         self.layers = layers  # holds the tensors the structs point to
         self.table = (ffi.LayerC * len(layers))(*[
@@ -56,6 +56,7 @@ class DecodeLayers:
                        w.gate_up.struct, w.down.struct)
             for w in layers])
         self.dims = dims
+        self.kv_dtype = ffi.kv_dtype_code(layers[0].k_buffer.dtype)
 
     @staticmethod
     def available() -> bool:
@@ -79,7 +80,7 @@ class DecodeLayers:
             eps=d.eps, scale=d.scale, cos_t=cos.data_ptr(), sin_t=sin.data_ptr(), positions=positions.data_ptr(),
             loc=loc.data_ptr(), req_to_token=req_to_token.data_ptr(), table_stride=req_to_token.shape[1],
             rows=rows.data_ptr(), seq_lens=seq_lens.data_ptr(), shared=None if shared is None else shared.data_ptr(),
-            n_shared=0 if shared is None else shared.numel())
+            n_shared=0 if shared is None else shared.numel(), kv_dtype=self.kv_dtype)
         rc = (lib or ffi.library()).decode_layers(ctypes.byref(self.table), len(self.layers), h.data_ptr(),
                                                   ctypes.byref(step), torch.get_num_threads())
         if rc != 0:

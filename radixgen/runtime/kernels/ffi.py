@@ -13,6 +13,8 @@ import ctypes
 import functools
 import re
 
+import torch
+
 from radixgen.runtime.kernels.build import CSRC, build
 
 HEADER = CSRC / "radixgen_kernels.h"
@@ -38,10 +40,21 @@ class DecodeStepC(ctypes.Structure):
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("cos_t", ctypes.c_void_p),
                 ("sin_t", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("loc", ctypes.c_void_p),
                 ("req_to_token", ctypes.c_void_p), ("table_stride", ctypes.c_int64), ("rows", ctypes.c_void_p),
-                ("seq_lens", ctypes.c_void_p), ("shared", ctypes.c_void_p), ("n_shared", ctypes.c_int64)]
+                ("seq_lens", ctypes.c_void_p), ("shared", ctypes.c_void_p), ("n_shared", ctypes.c_int64),
+                ("kv_dtype", ctypes.c_int64)]
 
 
 STRUCTS = {"rg_block_weight": BlockWeightC, "rg_layer": LayerC, "rg_decode_step": DecodeStepC}
+
+# the kernels' kv_dtype arguments; int8 buffers hold rows with scales (radix_cache/kv_quant.py)
+KV_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int8: 3}
+
+
+def kv_dtype_code(dtype: torch.dtype) -> int:
+    """The kernels' code for a KV cache element type (ValueError for one they do not read)."""
+    if dtype not in KV_DTYPE_CODES:
+        raise ValueError(f"the C kernels read float32, bfloat16, float16 or int8 K/V, not {dtype}")
+    return KV_DTYPE_CODES[dtype]
 
 
 def _ctype(decl: str) -> object:
@@ -117,11 +130,21 @@ def library() -> ctypes.CDLL | None:
     return load("native")
 
 
-SIMD_NAMES = {0: "scalar", 2: "avx2"}
+SIMD_BITS = {1: "avx2", 2: "avx-vnni", 4: "avx512-vnni", 8: "amx"}  # rg_simd_level's bits (simd_math.h)
+
+
+def simd_features(lib: ctypes.CDLL | None = None) -> set[str]:
+    """The SIMD paths a kernel library runs (empty for the scalar build, or when none could be built)."""
+    lib = lib or library()
+    level = 0 if lib is None else lib.rg_simd_level()
+    return {name for bit, name in SIMD_BITS.items() if level & bit}
 
 
 def simd_path(lib: ctypes.CDLL | None = None) -> str:
-    """Which SIMD paths a kernel library runs ("avx2", "scalar"), or "off" when none could be built."""
+    """Which SIMD paths a kernel library runs ("avx2+avx-vnni+avx512-vnni+amx", "avx2", "scalar"...),
+    or "off" when none could be built."""
     lib = lib or library()
-    return "off" if lib is None else SIMD_NAMES[lib.rg_simd_level()]
+    if lib is None:
+        return "off"
+    return "+".join(name for bit, name in SIMD_BITS.items() if lib.rg_simd_level() & bit) or "scalar"
 

@@ -50,14 +50,16 @@ def rope_store(
     sin: torch.Tensor,  # [P, D/2]
     positions: torch.Tensor,  # [T] int64
     loc: torch.Tensor,  # [T] int64 KV slots
-    k_buffer: torch.Tensor,  # [N, Hkv, D]
-    v_buffer: torch.Tensor,  # [N, Hkv, D]
+    k_buffer: torch.Tensor,  # [N, Hkv, D] float32, bfloat16 or float16; int8 rows [N, Hkv, D + 4]
+    v_buffer: torch.Tensor,  # same shape and dtype
     lib: ctypes.CDLL | None = None,
 ) -> None:
-    """Rotary embedding of q and k heads (in place) and the store of k, v at their KV slots."""
+    """Rotary embedding of q and k heads (in place) and the store of k, v at their KV slots
+    (converted to the buffers' dtype, rounding to nearest even as torch does; int8 rows quantized as
+    `radix_cache.kv_quant.quantize`)."""
     _check("rope_store", qkv, cos, sin, positions, loc, k_buffer, v_buffer)
     t = qkv.shape[0]
-    d = k_buffer.shape[2]
+    d = qkv.shape[1] // (heads + 2 * kv_heads)
     (lib or ffi.library()).rope_store(qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(),
                                       positions.data_ptr(), loc.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
-                                      torch.get_num_threads())
+                                      ffi.kv_dtype_code(k_buffer.dtype), torch.get_num_threads())

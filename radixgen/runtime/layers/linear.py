@@ -7,8 +7,8 @@
   them about twice as fast (SmolLM2-135M, all matrices, 2 threads: fp32 batch 1 54.6 -> 30.6 ms,
   batch 16 79 -> 42 ms, batch 256 573 -> 395 ms; bf16 batch 1 30.6 -> 17.4 ms).
 - `BlockLinear`: GGUF Q4_0/Q4_1/Q8_0 blocks in the block kernel's panels (`kernels/block_gemm.py`)
-  for up to BLOCK_MAX_ROWS float32 rows on CPU; larger inputs (prefill) go to its dense or packed
-  fallback.
+  for float32 rows on CPU: every batch size where the kernel has AMX tiles (the dense weight is then
+  freed), else up to BLOCK_MAX_ROWS rows, larger inputs (prefill) going to its dense or packed fallback.
 
 Every representation computes x @ W^T (+ bias) for x [M, in] -> [M, out].
 """
@@ -20,7 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.runtime.kernels import block_gemm
-from radixgen.runtime.kernels.block_gemm import BlockWeight, PanelWeight, block_linear, pack_panels, use_blocks
+from radixgen.runtime.kernels.block_gemm import (
+    BlockWeight,
+    PanelWeight,
+    block_linear,
+    block_rows_limit,
+    pack_panels,
+    use_blocks,
+)
 
 
 class Linear(nn.Module):
@@ -58,17 +65,18 @@ class PackedLinear(Linear):
 
 
 class BlockLinear(Linear):
-    """GGUF-block weights for small float32 CPU batches, `fallback` for the rest."""
+    """GGUF-block weights for float32 CPU batches the block kernel is faster for, `fallback` for the
+    rest (None where it is faster for every batch: AMX)."""
 
-    def __init__(self, panels: PanelWeight, fallback: Linear) -> None:
+    def __init__(self, panels: PanelWeight, fallback: Linear | None, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = panels.shape
         self.panels = panels
         self.fallback = fallback
-        self.bias = fallback.bias
+        self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_blocks(x):
+        if self.fallback is None or use_blocks(x):
             y = block_linear(x, self.panels)
             return y if self.bias is None else y + self.bias
         return self.fallback(x)
@@ -86,11 +94,12 @@ def can_use_blocks(device: torch.device, dtype: torch.dtype) -> bool:
 
 def specialize(dense: DenseLinear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False) -> Linear:
     """The representation to run `dense` in: packed for oneDNN if `pack`, wrapped with its GGUF
-    `blocks` when given. Packing frees the dense weight's storage unless `keep_dense` (a tied head
-    shares it with the embedding)."""
-    fallback: Linear = dense
-    if pack:
+    `blocks` when given (alone where the block kernel takes every batch size). Packing, or blocks
+    alone, free the dense weight's storage unless `keep_dense` (a tied head shares it with the embedding)."""
+    blocks_only = blocks is not None and block_rows_limit() is None
+    fallback: Linear | None = None if blocks_only else dense
+    if pack and not blocks_only:
         fallback = PackedLinear(dense.weight, dense.bias)
-        if not keep_dense:
-            dense.weight.data = torch.empty(0, dtype=dense.weight.dtype, device=dense.weight.device)
-    return fallback if blocks is None else BlockLinear(pack_panels(blocks), fallback)
+    if (pack or blocks_only) and not keep_dense:
+        dense.weight.data = torch.empty(0, dtype=dense.weight.dtype, device=dense.weight.device)
+    return fallback if blocks is None else BlockLinear(pack_panels(blocks), fallback, dense.bias)

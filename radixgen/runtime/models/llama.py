@@ -22,6 +22,7 @@ from torch import nn
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels.block_gemm import BlockWeight, concat_rows
+from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
@@ -138,11 +139,11 @@ class LlamaModel(nn.Module):
         return sum(isinstance(m, BlockLinear) for m in self.modules())
 
     def bind_kv_pool(self, pool: TokenToKVPool) -> None:
-        """Set up the one-call C decode step over `pool` where it applies: a float32 CPU pool and every
-        layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
+        """Set up the one-call C decode step over `pool` where it applies: a CPU pool of a KV dtype the
+        kernels read and every layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
         self.decode_in_c = None
         k0 = pool.k_buffer[0]
-        if self.tp is not None or not DecodeLayers.available() or k0.dtype != torch.float32 or k0.device.type != "cpu":
+        if self.tp is not None or not DecodeLayers.available() or k0.dtype not in KV_DTYPES or k0.device.type != "cpu":
             return
         weights = []
         for i, layer in enumerate(self.layers):

@@ -1,149 +1,328 @@
 /* y[M, N] = x[M, K] @ W^T for a weight W [N, K] in GGUF's 32-weight blocks (Q4_0/Q4_1/Q8_0),
- * repacked into panels of NR = 16 output rows.
+ * repacked into panels of NR = 16 output rows, by integer dot products.
  *
- * Block b of row n holds 32 small integers q, a float32 scale d and, for 4-bit, a min m:
+ * Block b of row n holds 32 small integers q, a scale d and, for 4-bit, a min m (fp16 in GGUF):
  *   4-bit: W[n, 32b + j] = d * q_j + m, q in 0..15; Q4_0 is m = -8 d.
  *   8-bit: W[n, 32b + j] = d * q_j, q in -128..127.
- * Panel layout (p = n / 16, c = n % 16), so one 16-byte load holds a weight column for 16 rows:
- *   4-bit: qs[p][b][j][c], j < 16: low nibble = q_j, high nibble = q_{j+16} (GGUF's byte pairing)
- *   8-bit: qs[p][b][j][c], j < 32
- *   d, m:  [p][b][c]
- * Each weight column is widened to 16 floats in registers, scaled (d * q + m, exact in float32: the
- * product has at most 15 significant bits; these are the values the gguf package dequantizes to),
- * and multiplied into up to 16 activation rows, whose accumulators stay in registers. x is
- * transposed first so the 16 rows' values for one k share a cache line. Every output sums its K
- * products in the same order whatever M is, so a row's result does not depend on its batch-mates.
- * Panels are split over OpenMP threads (torch's runtime, so no second thread team). The weight
- * bytes are read once per 16 rows: 0.56 (Q4_1) or 1.06 (Q8_0) bytes a weight instead of 4, and at
- * 16 rows the widening costs little beside the 16 multiply-adds, so this beats a dense float32 GEMM
- * up to a few tens of rows.
+ * so sum_j W x_j = d * sum_j q_j x_j + m * sum_j x_j.
+ *
+ * Activations are split per row and block into three int8 limbs (quantize_rows): with
+ * s = max|x| / 127, x = s * (x0 + x1 / 254 + x2 / 254^2) to 2^-24 of the block's largest value, which is
+ * float32's own precision (one limb, as llama.cpp uses, moves SmolLM2's logits by up to ~1.4; two
+ * by ~5e-3; three by ~1e-4, the same as float32 GEMMs). Each limb's dot product with q is exact in
+ * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair), and the three
+ * combine in float. Per weight that is ~5x fewer vector instructions than widening each weight to
+ * float32, so one decode row runs at the speed the weights stream in.
+ *
+ * Panel layout (p = n / 16, c = n % 16): a 64-byte vector holds 4 consecutive k of 16 rows, the
+ * dword lanes vpdpbusd multiplies by 4 broadcast activation bytes:
+ *   4-bit: qs[p][b][g][c][t], g < 4: low nibble = q at k = 4g + t, high nibble = q at k = 16 + 4g + t
+ *          (these are GGUF's own block bytes, regrouped)
+ *   8-bit: qs[p][b][g][c][t], g < 8: q at k = 4g + t (int8)
+ *   d, m:  [p][b][c] fp16
+ * Every output sums its products in the same order whatever M is, so a row's result does not
+ * depend on its batch-mates. Panels are split over the kernels' threads (thread_pool.c).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "amx_gemm.h"
 #include "radixgen_kernels.h"
+#include "scratch.h"
+#include "simd_math.h"
+#include "thread_pool.h"
 
 #define QK 32
-#define NR 16   /* output rows per panel: one 16-float vector */
-#define MR 16   /* activation rows per pass (accumulators in registers) */
+#define NR 16   /* output rows per panel */
+#define MR 8    /* activation rows per pass (their accumulators stay in registers) */
+#define LIMBS 3
+#define LIMB_BASE 254.0f
+#define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
+#ifndef AMX_MIN_ROWS
+#define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
+#endif
 
-#ifdef RADIXGEN_SCALAR
-/* The scalar reference: every output sums its products in the same order as the vector code
- * (per block: weight j, then weight j + 16 for 4-bit; j in order for 8-bit). */
-static void panel_any(int bits, int mr, const uint8_t *qs, const float *d, const float *m, int64_t nb,
-                      const float *xt, float *y, int64_t ldy, int64_t nvalid) {
-    for (int64_t c = 0; c < nvalid; c++)
+/* One block of one activation row in limbs (128 bytes). */
+typedef struct {
+    int8_t q[LIMBS][QK];
+    float s;              /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
+    float sum;            /* sum of the block's x (float) */
+    int32_t qsum[LIMBS];  /* sum of each limb's q (8-bit weights' unsigned offset) */
+    int32_t pad[3];
+} xblock;
+
+_Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
+
+static void quantize_block(const float *x, xblock *out) {
+    float amax = 0.0f;
+#if defined(RG_AVX512)
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+#else
+    float sum = 0.0f;
+    for (int j = 0; j < QK; j++) {
+        amax = fmaxf(amax, fabsf(x[j]));
+        sum += x[j];
+    }
+    out->sum = sum;
+#endif
+    if (!(amax > 0.0f) || !isfinite(amax)) {  /* zeros (or non-finite input: garbage in, no crash) */
+        memset(out->q, 0, sizeof out->q);
+        memset(out->qsum, 0, sizeof out->qsum);
+        out->s = 0.0f;
+        return;
+    }
+    const float inv = 127.0f / amax;
+    out->s = amax / 127.0f;
+#if defined(RG_AVX512)
+    __m512 r0 = _mm512_mul_ps(v0, _mm512_set1_ps(inv)), r1 = _mm512_mul_ps(v1, _mm512_set1_ps(inv));
+    for (int l = 0; l < LIMBS; l++) {
+        const __m512 q0 = _mm512_roundscale_ps(r0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 q1 = _mm512_roundscale_ps(r1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
+        _mm_storeu_si128((__m128i *)out->q[l], _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128((__m128i *)(out->q[l] + 16), _mm512_cvtepi32_epi8(i1));
+        out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
+        r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
+    }
+#else
+    float r[QK];
+    for (int j = 0; j < QK; j++) r[j] = x[j] * inv;
+    for (int l = 0; l < LIMBS; l++) {
+        int32_t qs = 0;
+        for (int j = 0; j < QK; j++) {
+            const float q = rintf(r[j]);
+            out->q[l][j] = (int8_t)q;
+            qs += (int32_t)q;
+            r[j] = (r[j] - q) * LIMB_BASE;
+        }
+        out->qsum[l] = qs;
+    }
+#endif
+}
+
+typedef struct {
+    const float *x;
+    int64_t K;
+    xblock *xq;
+} quantize_job;
+
+static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
+    const quantize_job *j = (const quantize_job *)job;
+    const int64_t nb = j->K / QK;
+    (void)tid;
+    for (int64_t i = begin; i < end; i++)
+        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->xq + i * nb + b);
+}
+
+/* xq [M][K / 32] blocks of x [M, K]. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, xblock *xq, int nthreads) {
+    quantize_job job = {x, K, xq};
+    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
+}
+
+static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
+
+#if defined(RG_AVX512)
+/* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
+static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
+                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    __m512 acc[MR];
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
+    const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
+    for (int64_t b = 0; b < nb; b++) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + b * NR)));
+        __m512 m = _mm512_setzero_ps();
+        __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned */
+        if (bits == 4) {
+            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m16 + b * NR)));
+            const uint8_t *qb = qs + b * 256;
+            for (int g = 0; g < 4; g++) {
+                const __m512i v = _mm512_loadu_si512(qb + 64 * g);
+                w[g] = _mm512_and_si512(v, _mm512_set1_epi8(15));
+                w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+            }
+        } else {  /* int8 + 128 as unsigned; the offset is taken off with the limbs' sums */
+            const uint8_t *qb = qs + b * 512;
+            for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512(qb + 64 * g), _mm512_set1_epi8(-128));
+        }
         for (int i = 0; i < mr; i++) {
+            const xblock *xb = xq + i * nb + b;
+            __m512i a[LIMBS];
+            for (int l = 0; l < LIMBS; l++) {
+                const int8_t *xl = xb->q[l];
+                a[l] = _mm512_setzero_si512();
+                for (int g = 0; g < 8; g++) {
+                    int32_t x4;
+                    memcpy(&x4, xl + 4 * g, 4);
+                    a[l] = _mm512_dpbusd_epi32(a[l], w[g], _mm512_set1_epi32(x4));
+                }
+                if (bits == 8) a[l] = _mm512_sub_epi32(a[l], _mm512_set1_epi32(128 * xb->qsum[l]));
+            }
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[1]), c1, _mm512_cvtepi32_ps(a[0]));
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[2]), c2, v);
+            acc[i] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(xb->s)), acc[i]);
+            if (bits == 4) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xb->sum), acc[i]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
+    for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+}
+#elif defined(RG_AVX2)
+/* acc += the dword dot products of 4 unsigned weight bytes with 4 signed activation bytes. */
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
+#ifdef RG_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other. */
+static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
+                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
+    for (int h = 0; h < 2; h++) {
+        __m256 acc[MR];
+        for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + b * NR + 8 * h)));
+            const __m256 m = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m16 + b * NR + 8 * h)))
+                                       : _mm256_setzero_ps();
+            for (int i = 0; i < mr; i++) {
+                const xblock *xb = xq + i * nb + b;
+                __m256i a[LIMBS] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+                for (int g = 0; g < 8; g++) {
+                    __m256i w;
+                    if (bits == 4) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * 256 + 64 * (g & 3) + 32 * h));
+                        w = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+                    } else {
+                        w = _mm256_loadu_si256((const __m256i *)(qs + b * 512 + 64 * g + 32 * h));
+                    }
+                    for (int l = 0; l < LIMBS; l++) {
+                        int32_t x4;
+                        memcpy(&x4, xb->q[l] + 4 * g, 4);
+                        __m256i x = _mm256_set1_epi32(x4);
+                        if (bits == 8) {
+#ifdef RG_AVXVNNI
+                            a[l] = dot4(a[l], _mm256_xor_si256(w, _mm256_set1_epi8(-128)), x);
+                            continue;
+#else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
+                            a[l] = dot4(a[l], _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+                            continue;
+#endif
+                        }
+                        a[l] = dot4(a[l], w, x);
+                    }
+                }
+#ifdef RG_AVXVNNI
+                if (bits == 8)
+                    for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
+#endif
+                __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
+                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, v);
+                acc[i] = _mm256_fmadd_ps(v, _mm256_mul_ps(d, _mm256_set1_ps(xb->s)), acc[i]);
+                if (bits == 4) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->sum), acc[i]);
+            }
+        }
+        const int64_t n0 = 8 * h, cnt = nvalid - n0 < 0 ? 0 : (nvalid - n0 > 8 ? 8 : nvalid - n0);
+        for (int i = 0; i < mr; i++) {
+            float out[8];
+            _mm256_storeu_ps(out, acc[i]);
+            memcpy(y + i * ldy + n0, out, sizeof(float) * (size_t)cnt);
+        }
+    }
+}
+#else
+/* The scalar reference: the same integer sums, combined in the same order. */
+static void panel(const int bits, const int mr, const uint8_t *qs, const uint16_t *d16, const uint16_t *m16,
+                  int64_t nb, const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    for (int i = 0; i < mr; i++)
+        for (int64_t c = 0; c < nvalid; c++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const float *xb = xt + b * QK * mr;
-                const float dc = d[b * NR + c];
-                if (bits == 4) {
-                    const float mc = m[b * NR + c];
-                    const uint8_t *qb = qs + b * (QK / 2) * NR;
-                    for (int j = 0; j < QK / 2; j++) {
-                        const uint8_t v = qb[j * NR + c];
-                        acc += ((float)(v & 15) * dc + mc) * xb[j * mr + i];
-                        acc += ((float)(v >> 4) * dc + mc) * xb[(j + QK / 2) * mr + i];
+                const xblock *xb = xq + i * nb + b;
+                int32_t a[LIMBS] = {0, 0, 0};
+                for (int k = 0; k < QK; k++) {
+                    const int g = k / 4, t = k % 4;
+                    int32_t q;
+                    if (bits == 4) {
+                        const uint8_t v = qs[b * 256 + 64 * (g & 3) + 4 * c + t];
+                        q = g < 4 ? (v & 15) : (v >> 4);
+                    } else {
+                        q = (int8_t)qs[b * 512 + 64 * g + 4 * c + t];
                     }
-                } else {
-                    const int8_t *qb = (const int8_t *)qs + b * QK * NR;
-                    for (int j = 0; j < QK; j++) acc += ((float)qb[j * NR + c] * dc) * xb[j * mr + i];
+                    for (int l = 0; l < LIMBS; l++) a[l] += q * xb->q[l][k];
                 }
+                const float v = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                acc += v * (rg_half_to_float(d16[b * NR + c]) * xb->s);
+                if (bits == 4) acc += rg_half_to_float(m16[b * NR + c]) * xb->sum;
             }
             y[i * ldy + c] = acc;
         }
 }
-#else
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint8_t vu8 __attribute__((vector_size(16)));
-
-static inline vf load_vf(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-
-/* acc[i] += w * xk[i] for the mr rows of one k. */
-#define FMA_ROWS(w, xk) for (int i = 0; i < mr; i++) acc[i] += (w) * (xk)[i]
-
-/* One panel against mr rows of xt ([K, mr], k-major). bits 4 or 8; y gets columns [0, nvalid). */
-static inline __attribute__((always_inline)) void panel(int bits, int mr, const uint8_t *qs, const float *d,
-                                                         const float *m, int64_t nb, const float *xt, float *y,
-                                                         int64_t ldy, int64_t nvalid) {
-    vf acc[MR];
-    for (int i = 0; i < mr; i++) acc[i] = (vf){0};
-    for (int64_t b = 0; b < nb; b++) {
-        const vf dv = load_vf(d + b * NR);
-        const float *xb = xt + b * QK * mr;
-        if (bits == 4) {
-            const vf mv = load_vf(m + b * NR);
-            const uint8_t *qb = qs + b * (QK / 2) * NR;
-            for (int j = 0; j < QK / 2; j++) {
-                vu8 v;
-                memcpy(&v, qb + j * NR, sizeof v);
-                const vf lo = __builtin_convertvector(__builtin_convertvector(v & 15, vi), vf) * dv + mv;
-                const vf hi = __builtin_convertvector(__builtin_convertvector(v >> 4, vi), vf) * dv + mv;
-                FMA_ROWS(lo, xb + j * mr);
-                FMA_ROWS(hi, xb + (j + QK / 2) * mr);
-            }
-        } else {
-            const uint8_t *qb = qs + b * QK * NR;
-            for (int j = 0; j < QK; j++) {
-                vu8 v;  /* int8 bytes; flipping the sign bit makes them q + 128 unsigned (widens in one op) */
-                memcpy(&v, qb + j * NR, sizeof v);
-                const vi q = __builtin_convertvector(v ^ 0x80, vi) - 128;
-                const vf w = __builtin_convertvector(q, vf) * dv;
-                FMA_ROWS(w, xb + j * mr);
-            }
-        }
-    }
-    for (int i = 0; i < mr; i++) {
-        float out[NR];
-        memcpy(out, &acc[i], sizeof out);
-        memcpy(y + i * ldy, out, sizeof(float) * (size_t)nvalid);
-    }
-}
+#endif
 
 /* `panel` with mr a compile-time constant (accumulators in registers). */
-static void panel_any(int bits, int mr, const uint8_t *qs, const float *d, const float *m, int64_t nb,
-                      const float *xt, float *y, int64_t ldy, int64_t nvalid) {
-#define CASE(R)                                                                          \
-    case R:                                                                              \
-        if (bits == 4) panel(4, R, qs, d, m, nb, xt, y, ldy, nvalid);                    \
-        else panel(8, R, qs, d, m, nb, xt, y, ldy, nvalid);                              \
+static void panel_any(int bits, int mr, const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t nb,
+                      const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+#define CASE(R)                                                             \
+    case R:                                                                 \
+        if (bits == 4) panel(4, R, qs, d, m, nb, xq, y, ldy, nvalid);       \
+        else panel(8, R, qs, d, m, nb, xq, y, ldy, nvalid);                 \
         return;
     switch (mr) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-        CASE(9) CASE(10) CASE(11) CASE(12) CASE(13) CASE(14) CASE(15) CASE(16)
     }
 #undef CASE
 }
-#endif
+
+typedef struct {
+    int bits;
+    const uint8_t *qs;
+    const uint16_t *d, *m;
+    int64_t nb, panel_bytes;
+    const xblock *xq;
+    int64_t M, n;
+    float *y;
+} gemm_job;
+
+static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
+    const gemm_job *j = (const gemm_job *)job;
+    (void)tid;
+    for (int64_t p = begin; p < end; p++) {
+        const int64_t nvalid = j->n - p * NR < NR ? j->n - p * NR : NR;
+        for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
+            const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
+            panel_any(j->bits, mr, j->qs + p * j->panel_bytes, j->d + p * j->nb * NR,
+                      j->m == NULL ? NULL : j->m + p * j->nb * NR, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR,
+                      j->n, nvalid);
+        }
+    }
+}
 
 /* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
  * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, bits is not 4 or 8, or the
- * transposed x cannot be allocated. */
+ * activation limbs cannot be allocated. */
+int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
+
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
     const int bits = (int)w->bits;
-    const void *qs = w->qs;
-    const float *d = w->scale, *m = w->minv;
     if (k % QK != 0 || (bits != 4 && bits != 8)) return -1;
+    if (M >= AMX_MIN_ROWS && amx_ready()) return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    const int64_t panel_bytes = nb * (bits == 4 ? QK / 2 : QK) * NR;
-    float *xt = (float *)malloc(sizeof(float) * (size_t)(M * k));  /* per MR-row group: [k, rows] */
-    if (xt == NULL) return -1;
-    for (int64_t i0 = 0; i0 < M; i0 += MR) {
-        const int64_t mr = M - i0 < MR ? M - i0 : MR;
-        for (int64_t kk = 0; kk < k; kk++)
-            for (int64_t i = 0; i < mr; i++) xt[i0 * k + kk * mr + i] = x[(i0 + i) * k + kk];
-    }
-#pragma omp parallel for schedule(static) num_threads(nthreads)
-    for (int64_t p = 0; p < panels; p++) {
-        const int64_t nvalid = n - p * NR < NR ? n - p * NR : NR;
-        for (int64_t i0 = 0; i0 < M; i0 += MR) {
-            const int mr = (int)(M - i0 < MR ? M - i0 : MR);
-            panel_any(bits, mr, (const uint8_t *)qs + p * panel_bytes, d + p * nb * NR,
-                      m == NULL ? NULL : m + p * nb * NR, nb, xt + i0 * k, y + i0 * n + p * NR, n, nvalid);
-        }
-    }
-    free(xt);
+    const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
+    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
+    if (xq == NULL) return -1;
+    quantize_rows(x, M, k, xq, nthreads);
+    gemm_job job = {bits, (const uint8_t *)w->qs, (const uint16_t *)w->scale, (const uint16_t *)w->minv, nb,
+                    panel_bytes, xq, M, n, y};
+    rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
     return 0;
 }

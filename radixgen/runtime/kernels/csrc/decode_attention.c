@@ -1,39 +1,36 @@
 /* Decode attention on CPU: each request's one new query token attends to all of its tokens' K/V,
  * read in place by KV slot through its req_to_token row (no gathered K/V copy, no padding).
  *
- * Work items are (request, KV head) pairs, split over OpenMP threads. An item computes the scores
- * of the head group's G query heads against each key (K read once for the group), a float32
- * softmax per head, and the weighted sum of V (V read once for the group). K/V are float32 or
- * bfloat16 (widened to float32); q and the output are float32.
+ * Work items (chunks of a request's keys for one KV head; see decode_attention) run on the
+ * kernels' threads (thread_pool.c). K/V are float32, bfloat16 or float16 (widened to float32); q and
+ * the output are float32. A request's keys all starting with a shared prefix are attended in two
+ * parts (shared_prefix_attention: the prefix for every request's queries at once).
  */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "radixgen_kernels.h"
+#include "scratch.h"
 #include "simd_math.h"
+#include "thread_pool.h"
 
 #define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
 
 /* Prefetch the `bytes` of one key's head row starting at element `base`. */
-static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int bf16) {
-    const char *p = (const char *)buf + base * (bf16 ? 2 : 4);
+static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int kv) {
+    const char *p = (const char *)buf + base * rg_kv_bytes(kv);
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
 
-static inline float load1(const void *p, int64_t i, int bf16) {
-    if (!bf16) return ((const float *)p)[i];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+static inline float load1(const void *p, int64_t i, int kv) { return rg_kv_load(p, i, kv); }
 
 #ifdef RG_AVX2
-static inline __m256 load8(const void *p, int64_t i, int bf16) {
-    if (!bf16) return _mm256_loadu_ps((const float *)p + i);
+static inline __m256 load8(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return _mm256_loadu_ps((const float *)p + i);
+    if (kv == RG_KV_I8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)p + i))));
     const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (kv == RG_KV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
@@ -43,7 +40,16 @@ static inline __m256 load8(const void *p, int64_t i, int bf16) {
 static float exp_sum(float *p, int64_t n, float max) {
     int64_t s = 0;
     float sum = 0.0f;
-#ifdef RG_AVX2
+#if defined(RG_AVX512)
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 m = _mm512_set1_ps(max);
+    for (; s + 16 <= n; s += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p + s), m));
+        _mm512_storeu_ps(p + s, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(RG_AVX2)
     __m256 acc = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
     for (; s + 8 <= n; s += 8) {
@@ -62,30 +68,110 @@ static float exp_sum(float *p, int64_t n, float max) {
 
 #define GMAX 4  /* query heads handled together (their accumulators stay in registers) */
 
+#ifdef RG_AVX512
+static inline __m512 load16(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    if (kv == RG_KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i))));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kv == RG_KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* scores_g for D % 16 == 0 on 16-float vectors: per key and head one vector of partial products,
+ * summed horizontally 16 keys at a time (sum16x16). */
+static inline __attribute__((always_inline)) void scores16_g(const int G, const float *q, const void *k_buf,
+                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                             int64_t row_elems, float scale, int kv, float *scores) {
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 part[GMAX][16];
+    for (int64_t s0 = 0; s0 < S; s0 += 16) {
+        const int64_t n = S - s0 < 16 ? S - s0 : 16;
+        for (int64_t j = 0; j < 16; j++) {
+            if (j >= n) {  /* a partial last block: zero lanes, not stored */
+                for (int g = 0; g < G; g++) part[g][j] = _mm512_setzero_ps();
+                continue;
+            }
+            const int64_t s = s0 + j, base = slots[s] * row_elems + hkv * hs;
+            if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+            __m512 a[GMAX];
+            const __m512 k0 = load16(k_buf, base, kv);
+            for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D), k0);
+            for (int64_t d = 16; d < D; d += 16) {
+                const __m512 k = load16(k_buf, base + d, kv);
+                for (int g = 0; g < G; g++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), k, a[g]);
+            }
+            if (kv == RG_KV_I8) {  /* the key's scale */
+                const __m512 ks = _mm512_set1_ps(rg_kv_row_scale(k_buf, base, D, kv));
+                for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(a[g], ks);
+            }
+            for (int g = 0; g < G; g++) part[g][j] = a[g];
+        }
+        const __mmask16 keep = (__mmask16)((1u << n) - 1u);
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores + g * S + s0, keep, _mm512_mul_ps(sc, sum16x16(part[g])));
+    }
+}
+
+/* NV vectors of dims (d0 .. d0 + 16 NV) x G heads of sum_s probs[g, s] * v_s, accumulators in registers. */
+static inline __attribute__((always_inline)) void values16_dims(const int G, const int NV, const float *probs,
+                                                                const void *v_buf, const int64_t *slots, int64_t S,
+                                                                int64_t hkv, int64_t D, int64_t d0, int64_t row_elems,
+                                                                int kv, float *out) {
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
+    __m512 a[GMAX][4];
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < NV; i++) a[g][i] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t base = slots[s] * row_elems + hkv * hs + d0;
+        if (d0 == 0 && s + PREFETCH_AHEAD < S)
+            prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+        __m512 v[4];
+        for (int i = 0; i < NV; i++) v[i] = load16(v_buf, base + 16 * i, kv);
+        const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
+        for (int g = 0; g < G; g++) {
+            const __m512 p = _mm512_set1_ps(probs[g * S + s] * vs);
+            for (int i = 0; i < NV; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
+        }
+    }
+    for (int g = 0; g < G; g++)
+        for (int i = 0; i < NV; i++) _mm512_storeu_ps(out + g * D + d0 + 16 * i, a[g][i]);
+}
+
+/* values_g for D % 16 == 0 on 16-float vectors: 64 dims at a time, then the rest. */
+static inline __attribute__((always_inline)) void values16_g(const int G, const float *probs, const void *v_buf,
+                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
+                                                             int64_t row_elems, int kv, float *out) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) values16_dims(G, 4, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
+    for (; d0 < D; d0 += 16) values16_dims(G, 1, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
+}
+#endif
+
 /* scores[g * S + s] = scale * dot(q_g, k_s) for g < G heads of one group; each K row is read once. */
 static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, float scale, int bf16, float *scores) {
-    const int64_t bytes = D * (bf16 ? 2 : 4);
+                                                           int64_t row_elems, float scale, int kv, float *scores) {
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     for (int64_t s = 0; s < S; s++) {
-        const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+        const int64_t base = slots[s] * row_elems + hkv * hs;
+        const float ks = scale * rg_kv_row_scale(k_buf, base, D, kv);
+        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
 #ifdef RG_AVX2
         if (D % 8 == 0) {
             __m256 a[GMAX];
             for (int g = 0; g < G; g++) a[g] = _mm256_setzero_ps();
             for (int64_t d = 0; d < D; d += 8) {
-                const __m256 k = load8(k_buf, base + d, bf16);
+                const __m256 k = load8(k_buf, base + d, kv);
                 for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), k, a[g]);
             }
-            for (int g = 0; g < G; g++) scores[g * S + s] = scale * hsum(a[g]);
+            for (int g = 0; g < G; g++) scores[g * S + s] = ks * hsum(a[g]);
             continue;
         }
 #endif
         for (int g = 0; g < G; g++) {
             float a = 0.0f;
-            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, bf16);
-            scores[g * S + s] = scale * a;
+            for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, kv);
+            scores[g * S + s] = ks * a;
         }
     }
 }
@@ -93,20 +179,21 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
 /* out[g] = sum_s probs[g * S + s] * v_s for g < G heads of one group (out zeroed by the caller). */
 static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, const void *v_buf,
                                                            const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, int bf16, float *out) {
-    const int64_t bytes = D * (bf16 ? 2 : 4);
+                                                           int64_t row_elems, int kv, float *out) {
+    const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
 #ifdef RG_AVX2
     if (D % 16 == 0) {
         for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
             __m256 a[GMAX][2];
             for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
             for (int64_t s = 0; s < S; s++) {
-                const int64_t base = slots[s] * row_elems + hkv * D + d0;
+                const int64_t base = slots[s] * row_elems + hkv * hs + d0;
                 if (d0 == 0 && s + PREFETCH_AHEAD < S)
-                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
-                const __m256 v0 = load8(v_buf, base, bf16), v1 = load8(v_buf, base + 8, bf16);
+                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+                const __m256 v0 = load8(v_buf, base, kv), v1 = load8(v_buf, base + 8, kv);
+                const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
                 for (int g = 0; g < G; g++) {
-                    const __m256 p = _mm256_broadcast_ss(probs + g * S + s);
+                    const __m256 p = _mm256_set1_ps(probs[g * S + s] * vs);
                     a[g][0] = _mm256_fmadd_ps(p, v0, a[g][0]);
                     a[g][1] = _mm256_fmadd_ps(p, v1, a[g][1]);
                 }
@@ -120,22 +207,34 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
     }
 #endif
     for (int64_t s = 0; s < S; s++) {
-        const int64_t base = slots[s] * row_elems + hkv * D;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * D, bytes, bf16);
+        const int64_t base = slots[s] * row_elems + hkv * hs;
+        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+        const float vs = rg_kv_row_scale(v_buf, base, D, kv);
         for (int64_t d = 0; d < D; d++) {
-            const float v = load1(v_buf, base + d, bf16);
-            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * v;
+            const float v = load1(v_buf, base + d, kv);
+            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * vs * v;
         }
     }
 }
 
 /* Scores (pass 1) or values (pass 2) of heads g0 .. g0 + n (n <= GMAX) with a compile-time head count. */
 static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf, const int64_t *slots, int64_t S,
-                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int bf16, float *out) {
+                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int kv, float *out) {
+#ifdef RG_AVX512
+#define WIDE_CASE(N)                                                                                   \
+    if (D % 16 == 0) {                                                                                 \
+        if (pass == 1) scores16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);    \
+        else values16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                     \
+        return;                                                                                        \
+    }
+#else
+#define WIDE_CASE(N)
+#endif
 #define HEADS_CASE(N)                                                                                  \
     case N:                                                                                            \
-        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, bf16, out);    \
-        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, bf16, out);                     \
+        WIDE_CASE(N)                                                                                   \
+        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);      \
+        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                       \
         return;
     switch (n) {
         HEADS_CASE(1)
@@ -144,58 +243,146 @@ static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf
         HEADS_CASE(4)
     }
 #undef HEADS_CASE
+#undef WIDE_CASE
 }
 
-/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] float32 (bf16 = 0) or bfloat16 (bf16 = 1);
+#define CHUNK_KEYS 128  /* keys per work item: a long request's keys are split over threads */
+
+typedef struct {
+    const float *q;
+    const void *k_buf, *v_buf;
+    int kv;
+    const int64_t *req_to_token, *rows, *seq_lens;
+    int64_t table_stride, start, H, Hkv, D;
+    float scale;
+    const int32_t *chunk_req, *chunk_idx;  /* each chunk's request and its index there */
+    const int64_t *first_chunk;            /* [B + 1] each request's first chunk */
+    float *partials;                       /* [chunks * Hkv][G][2 + D]: max, sum of exp, unnormalized output */
+    float *out, *lse;
+} attention_job;
+
+/* Items (chunk, KV head): the chunk's scores, softmax statistics and exp-weighted values. */
+static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
+    const attention_job *j = (const attention_job *)job;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, row = Hkv * rg_kv_head_stride(j->kv, D);
+    float scores[G * CHUNK_KEYS];  /* [G, n] */
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t chunk = item / Hkv, hkv = item % Hkv, b = j->chunk_req[chunk];
+        const int64_t k0 = j->start + (int64_t)j->chunk_idx[chunk] * CHUNK_KEYS;
+        const int64_t n = j->seq_lens[b] - k0 < CHUNK_KEYS ? j->seq_lens[b] - k0 : CHUNK_KEYS;
+        const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
+        const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
+        float *part = j->partials + item * G * (2 + D);
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
+                       j->scale, j->kv, scores + g0 * n);
+        for (int64_t g = 0; g < G; g++) {
+            float *p = scores + g * n, max = p[0];
+            for (int64_t s = 1; s < n; s++) max = p[s] > max ? p[s] : max;
+            part[g * (2 + D)] = max;
+            part[g * (2 + D) + 1] = exp_sum(p, n, max);
+            memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
+        }
+        for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
+            const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
+            float o[GMAX * D];
+            memset(o, 0, sizeof(float) * (size_t)(ng * D));
+            heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, row, 0.0f, j->kv, o);
+            for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
+        }
+    }
+}
+
+/* Items (request, KV head): merge the request's chunks by their log-sum-exp. */
+static void attention_merge(void *job, int64_t begin, int64_t end, int tid) {
+    const attention_job *j = (const attention_job *)job;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv;
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t b = item / Hkv, hkv = item % Hkv, c0 = j->first_chunk[b], c1 = j->first_chunk[b + 1];
+        for (int64_t g = 0; g < G; g++) {
+            float top = -INFINITY, total = 0.0f;
+            for (int64_t c = c0; c < c1; c++) {
+                const float m = j->partials[((c * Hkv + hkv) * G + g) * (2 + D)];
+                top = m > top ? m : top;
+            }
+            float *o = j->out + (b * H + hkv * G + g) * D;
+            memset(o, 0, sizeof(float) * (size_t)D);
+            for (int64_t c = c0; c < c1; c++) {
+                const float *part = j->partials + ((c * Hkv + hkv) * G + g) * (2 + D);
+                const float w = c1 - c0 == 1 ? 1.0f : expf(part[0] - top);
+                total += w * part[1];
+                for (int64_t d = 0; d < D; d++) o[d] += w * part[2 + d];
+            }
+            const float inv = 1.0f / total;
+            for (int64_t d = 0; d < D; d++) o[d] *= inv;
+            if (j->lse != NULL) j->lse[b * H + hkv * G + g] = top + logf(total);
+        }
+    }
+}
+
+/* q, out: float [B, H, D]; k_buf, v_buf: [N, Hkv, D] in the KV dtype kv (RG_KV_*: float32, bfloat16, float16;
+ * int8 rows [N, Hkv, D + 4]);
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
- * Returns 0, or -1 on bad sizes or when the score buffers cannot be allocated. */
-int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
+ * Work items are (chunk of up to CHUNK_KEYS keys, KV head) pairs: each computes its heads' scores
+ * (K read once for the head group), softmax statistics and exp-weighted sum of V (V read once for
+ * the group); each request's chunks then merge by log-sum-exp. A request's chunks depend on its
+ * length alone, so its result does not depend on its batch-mates or the thread count.
+ * Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
+int decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                      int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
                      int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads) {
-    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0) return -1;
+    if (Hkv <= 0 || H % Hkv != 0 || nthreads < 1 || start < 0 || H / Hkv > 64) return -1;
     const int64_t G = H / Hkv;
-    int64_t s_max = 1;
+    int64_t chunks = 0;
     for (int64_t b = 0; b < B; b++) {
         if (seq_lens[b] <= start || seq_lens[b] > table_stride) return -1;
-        if (seq_lens[b] - start > s_max) s_max = seq_lens[b] - start;
+        chunks += (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS;
     }
-    float *bufs = (float *)malloc(sizeof(float) * (size_t)(G * s_max) * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t item = 0; item < B * Hkv; item++) {
-        const int64_t b = item / Hkv, hkv = item % Hkv, S = seq_lens[b] - start;
-        const int64_t *slots = req_to_token + rows[b] * table_stride + start;
-        float *scores = bufs + (size_t)omp_get_thread_num() * (size_t)(G * s_max);  /* [G, S] */
-        const float *qg = q + (b * H + hkv * G) * D;  /* [G, D] */
-        float *og = out + (b * H + hkv * G) * D;
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, k_buf, slots, S, hkv, D, Hkv * D, scale,
-                       bf16, scores + g0 * S);
-        for (int64_t g = 0; g < G; g++) {
-            float *p = scores + g * S, max = p[0];
-            for (int64_t s = 1; s < S; s++) max = p[s] > max ? p[s] : max;
-            const float sum = exp_sum(p, S, max), inv = 1.0f / sum;
-            for (int64_t s = 0; s < S; s++) p[s] *= inv;
-            if (lse != NULL) lse[b * H + hkv * G + g] = max + logf(sum);
+    const size_t map_bytes = ((size_t)(2 * chunks) * 4 + (size_t)(B + 1) * 8 + 63) / 64 * 64;
+    uint8_t *mem = (uint8_t *)rg_scratch(RG_SCRATCH_ATTENTION,
+                                         map_bytes + sizeof(float) * (size_t)(chunks * Hkv * G * (2 + D)));
+    if (mem == NULL) return -1;
+    int64_t *first_chunk = (int64_t *)mem;
+    int32_t *chunk_req = (int32_t *)(first_chunk + B + 1), *chunk_idx = chunk_req + chunks;
+    for (int64_t b = 0, c = 0; b < B; b++) {
+        first_chunk[b] = c;
+        for (int64_t i = 0; i < (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS; i++, c++) {
+            chunk_req[c] = (int32_t)b;
+            chunk_idx[c] = (int32_t)i;
         }
-        memset(og, 0, sizeof(float) * (size_t)(G * D));
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(2, (int)(G - g0 < GMAX ? G - g0 : GMAX), scores + g0 * S, v_buf, slots, S, hkv, D, Hkv * D, 0.0f,
-                       bf16, og + g0 * D);
     }
-    free(bufs);
+    first_chunk[B] = chunks;
+    attention_job job = {q, k_buf, v_buf, kv, req_to_token, rows, seq_lens, table_stride, start, H, Hkv, D, scale,
+                         chunk_req, chunk_idx, first_chunk, (float *)(mem + map_bytes), out, lse};
+    rg_parallel(nthreads, chunks * Hkv, RG_DYNAMIC, attention_chunks, &job);
+    rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_STATIC, attention_merge, &job);
     return 0;
 }
 
 #define QB 24 /* queries per work item of the shared-prefix kernel (3 vectors) */
 
+typedef struct {
+    const float *q;
+    const void *k_buf, *v_buf;
+    int kv;
+    const int64_t *shared;
+    int64_t C, B, H, Hkv, D;
+    float scale;
+    float *out;
+    const float *lse_own;
+    float *bufs;  /* each thread's scratch */
+    size_t per_thread;
+} shared_job;
+
 #ifdef RG_AVX2
 /* o^T[d0 .. d0 + NV] = sum_s v_s[d] * probs[s] over the C shared keys (NV x 3 accumulators). */
 static inline __attribute__((always_inline)) void shared_values(const int NV, const float *probs, const void *v_buf,
                                                                 const int64_t *shared, int64_t C, int64_t Hkv,
-                                                                int64_t D, int64_t hkv, int64_t d0, int bf16,
+                                                                int64_t D, int64_t hkv, int64_t d0, int kv,
                                                                 float *ot) {
     __m256 o[4][3];
     for (int i = 0; i < NV; i++) o[i][0] = o[i][1] = o[i][2] = _mm256_setzero_ps();
@@ -204,7 +391,7 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
         const float *p = probs + s * QB;
         const __m256 p0 = _mm256_loadu_ps(p), p1 = _mm256_loadu_ps(p + 8), p2 = _mm256_loadu_ps(p + 16);
         for (int i = 0; i < NV; i++) {
-            const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, bf16));
+            const __m256 vb = _mm256_set1_ps(load1(v_buf, base + i, kv));
             o[i][0] = _mm256_fmadd_ps(vb, p0, o[i][0]);
             o[i][1] = _mm256_fmadd_ps(vb, p1, o[i][1]);
             o[i][2] = _mm256_fmadd_ps(vb, p2, o[i][2]);
@@ -219,17 +406,20 @@ static inline __attribute__((always_inline)) void shared_values(const int NV, co
 
 /* shared_prefix_attention with AVX2: NQ = B * G queries of each KV head in work items of QB, each
  * shared key read once per QB queries, scores and values as outer products (no horizontal sums). */
-static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
-                              int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
-                              const float *lse_own, int nthreads) {
-    const int64_t G = H / Hkv, NQ = B * G, groups = (NQ + QB - 1) / QB;
-    const size_t per_thread = (size_t)(C * QB + D * QB + D * QB);  /* probs [C, QB], q^T [D, QB], o^T [D, QB] */
-    float *bufs = (float *)malloc(sizeof(float) * per_thread * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t item = 0; item < Hkv * groups; item++) {
+static void shared_items(void *job, int64_t begin, int64_t end, int tid) {
+    const shared_job *sj = (const shared_job *)job;
+    const float *q = sj->q, *lse_own = sj->lse_own;
+    const void *k_buf = sj->k_buf, *v_buf = sj->v_buf;
+    const int kv = sj->kv;
+    const int64_t *shared = sj->shared;
+    const int64_t C = sj->C, H = sj->H, Hkv = sj->Hkv, D = sj->D, G = H / Hkv, NQ = sj->B * G;
+    const int64_t groups = (NQ + QB - 1) / QB;
+    const float scale = sj->scale;
+    float *out = sj->out, *bufs = sj->bufs;
+    const size_t per_thread = sj->per_thread;
+    for (int64_t item = begin; item < end; item++) {
         const int64_t hkv = item / groups, q0 = (item % groups) * QB, nq = NQ - q0 < QB ? NQ - q0 : QB;
-        float *probs = bufs + (size_t)omp_get_thread_num() * per_thread, *qt = probs + C * QB, *ot = qt + D * QB;
+        float *probs = bufs + (size_t)tid * per_thread, *qt = probs + C * QB, *ot = qt + D * QB;
         /* query j of this item: request (q0 + j) / G, head hkv * G + (q0 + j) % G */
         for (int64_t d = 0; d < D; d++)
             for (int64_t j = 0; j < QB; j++) {
@@ -238,14 +428,14 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             }
         __m256 m0 = _mm256_set1_ps(-INFINITY), m1 = m0, m2 = m0;
         const __m256 sc = _mm256_set1_ps(scale);
-        const int64_t bytes = D * (bf16 ? 2 : 4);
+        const int64_t bytes = D * rg_kv_bytes(kv);
         int64_t s = 0;
         for (; s + 4 <= C; s += 4) {  /* 4 keys x 24 queries: each q vector loaded once per 4 keys */
             int64_t base[4];
             for (int j = 0; j < 4; j++) {
                 base[j] = shared[s + j] * Hkv * D + hkv * D;
                 if (s + j + PREFETCH_AHEAD < C)
-                    prefetch_row(k_buf, shared[s + j + PREFETCH_AHEAD] * Hkv * D + hkv * D, bytes, bf16);
+                    prefetch_row(k_buf, shared[s + j + PREFETCH_AHEAD] * Hkv * D + hkv * D, bytes, kv);
             }
             __m256 a[4][3];
             for (int j = 0; j < 4; j++) a[j][0] = a[j][1] = a[j][2] = _mm256_setzero_ps();
@@ -253,7 +443,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
                 const __m256 q0 = _mm256_loadu_ps(qt + d * QB), q1 = _mm256_loadu_ps(qt + d * QB + 8);
                 const __m256 q2 = _mm256_loadu_ps(qt + d * QB + 16);
                 for (int j = 0; j < 4; j++) {
-                    const __m256 kb = _mm256_set1_ps(load1(k_buf, base[j] + d, bf16));
+                    const __m256 kb = _mm256_set1_ps(load1(k_buf, base[j] + d, kv));
                     a[j][0] = _mm256_fmadd_ps(q0, kb, a[j][0]);
                     a[j][1] = _mm256_fmadd_ps(q1, kb, a[j][1]);
                     a[j][2] = _mm256_fmadd_ps(q2, kb, a[j][2]);
@@ -272,7 +462,7 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             const int64_t base = shared[s] * Hkv * D + hkv * D;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
             for (int64_t d = 0; d < D; d++) {
-                const __m256 kb = _mm256_set1_ps(load1(k_buf, base + d, bf16));
+                const __m256 kb = _mm256_set1_ps(load1(k_buf, base + d, kv));
                 a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB), kb, a0);
                 a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 8), kb, a1);
                 a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qt + d * QB + 16), kb, a2);
@@ -293,8 +483,8 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             l0 = _mm256_add_ps(l0, e0); l1 = _mm256_add_ps(l1, e1); l2 = _mm256_add_ps(l2, e2);
         }
         int64_t d0 = 0;
-        for (; d0 + 4 <= D; d0 += 4) shared_values(4, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
-        for (; d0 < D; d0++) shared_values(1, probs, v_buf, shared, C, Hkv, D, hkv, d0, bf16, ot);
+        for (; d0 + 4 <= D; d0 += 4) shared_values(4, probs, v_buf, shared, C, Hkv, D, hkv, d0, kv, ot);
+        for (; d0 < D; d0++) shared_values(1, probs, v_buf, shared, C, Hkv, D, hkv, d0, kv, ot);
         float mx[QB], sum[QB];
         _mm256_storeu_ps(mx, m0); _mm256_storeu_ps(mx + 8, m1); _mm256_storeu_ps(mx + 16, m2);
         _mm256_storeu_ps(sum, l0); _mm256_storeu_ps(sum + 8, l1); _mm256_storeu_ps(sum + 16, l2);
@@ -307,27 +497,30 @@ static int shared_prefix_avx2(const float *q, const void *k_buf, const void *v_b
             for (int64_t d = 0; d < D; d++) o[d] = (w_sh * ot[d * QB + j] / sum[j] + w_own * o[d]) * inv;
         }
     }
-    free(bufs);
-    return 0;
 }
+
+static size_t shared_per_thread(int64_t C, int64_t D) { return (size_t)(C * QB + D * QB + D * QB); }
+static int64_t shared_items_count(int64_t B, int64_t H, int64_t Hkv) { return Hkv * ((B * (H / Hkv) + QB - 1) / QB); }
 #else
 /* The scalar reference of shared_prefix_attention: one (request, head) query at a time. */
-static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
-                                int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
-                                const float *lse_own, int nthreads) {
-    const int64_t G = H / Hkv;
-    float *bufs = (float *)malloc(sizeof(float) * (size_t)(C + D) * (size_t)nthreads);
-    if (bufs == NULL) return -1;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
+static void shared_items(void *job, int64_t begin, int64_t end, int tid) {
+    const shared_job *sj = (const shared_job *)job;
+    const float *q = sj->q, *lse_own = sj->lse_own;
+    const void *k_buf = sj->k_buf, *v_buf = sj->v_buf;
+    const int kv = sj->kv;
+    const int64_t *shared = sj->shared;
+    const int64_t C = sj->C, H = sj->H, Hkv = sj->Hkv, D = sj->D, G = H / Hkv;
+    const float scale = sj->scale;
+    float *out = sj->out, *bufs = sj->bufs;
+    for (int64_t bh = begin; bh < end; bh++) {
         const int64_t hkv = (bh % H) / G;
-        float *p = bufs + (size_t)omp_get_thread_num() * (size_t)(C + D), *o = p + C;
+        float *p = bufs + (size_t)tid * (size_t)(C + D), *o = p + C;
         const float *qh = q + bh * D;
         float mx = -INFINITY, sum = 0.0f;
         for (int64_t s = 0; s < C; s++) {
             const int64_t base = shared[s] * Hkv * D + hkv * D;
             float a = 0.0f;
-            for (int64_t d = 0; d < D; d++) a += qh[d] * load1(k_buf, base + d, bf16);
+            for (int64_t d = 0; d < D; d++) a += qh[d] * load1(k_buf, base + d, kv);
             p[s] = scale * a;
             mx = p[s] > mx ? p[s] : mx;
         }
@@ -338,29 +531,32 @@ static int shared_prefix_scalar(const float *q, const void *k_buf, const void *v
         memset(o, 0, sizeof(float) * (size_t)D);
         for (int64_t s = 0; s < C; s++) {
             const int64_t base = shared[s] * Hkv * D + hkv * D;
-            for (int64_t d = 0; d < D; d++) o[d] += p[s] * load1(v_buf, base + d, bf16);
+            for (int64_t d = 0; d < D; d++) o[d] += p[s] * load1(v_buf, base + d, kv);
         }
         const float lse_sh = mx + logf(sum), lo = lse_own[bh], top = lse_sh > lo ? lse_sh : lo;
         const float w_sh = expf(lse_sh - top), w_own = expf(lo - top), inv = 1.0f / (w_sh + w_own);
         float *ob = out + bh * D;
         for (int64_t d = 0; d < D; d++) ob[d] = (w_sh * o[d] / sum + w_own * ob[d]) * inv;
     }
-    free(bufs);
-    return 0;
 }
+
+static size_t shared_per_thread(int64_t C, int64_t D) { return (size_t)(C + D); }
+static int64_t shared_items_count(int64_t B, int64_t H, int64_t Hkv) { (void)Hkv; return B * H; }
 #endif
 
 /* Cascade decode attention, shared part: the B * H queries against the C keys at slots
  * shared[0 .. C) that every request starts with, merged into out / lse_own: out [B, H, D] float32
  * and lse_own [B, H] hold each request's attention over its own later keys (decode_attention with
- * start = C). Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
-int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+ * start = C). Not for int8 K/V (callers attend the whole sequence with decode_attention instead).
+ * Returns 0, or -1 on bad sizes, int8 K/V, or when the buffers cannot be allocated. */
+int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *shared,
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads) {
-    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1) return -1;
-#ifdef RG_AVX2
-    return shared_prefix_avx2(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
-#else
-    return shared_prefix_scalar(q, k_buf, v_buf, bf16, shared, C, B, H, Hkv, D, scale, out, lse_own, nthreads);
-#endif
+    if (Hkv <= 0 || H % Hkv != 0 || C < 1 || nthreads < 1 || kv == RG_KV_I8) return -1;
+    const size_t per_thread = shared_per_thread(C, D);
+    float *bufs = (float *)rg_scratch(RG_SCRATCH_SHARED, sizeof(float) * per_thread * (size_t)nthreads);
+    if (bufs == NULL) return -1;
+    shared_job job = {q, k_buf, v_buf, kv, shared, C, B, H, Hkv, D, scale, out, lse_own, bufs, per_thread};
+    rg_parallel(nthreads, shared_items_count(B, H, Hkv), RG_DYNAMIC, shared_items, &job);
+    return 0;
 }

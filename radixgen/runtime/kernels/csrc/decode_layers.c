@@ -9,15 +9,24 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include "amx_gemm.h"
 #include "radixgen_kernels.h"
+#include "scratch.h"
 #include "simd_math.h"
 
 int rg_simd_level(void) {
+    int bits = 0;
 #ifdef RG_AVX2
-    return 2;
-#else
-    return 0;
+    bits |= RG_BIT_AVX2;
 #endif
+#ifdef RG_AVXVNNI
+    bits |= RG_BIT_AVXVNNI;
+#endif
+#ifdef RG_AVX512
+    bits |= RG_BIT_AVX512;
+#endif
+    if (amx_ready()) bits |= RG_BIT_AMX;
+    return bits;
 }
 
 int64_t rg_sizeof_block_weight(void) { return (int64_t)sizeof(rg_block_weight); }
@@ -28,10 +37,12 @@ int64_t rg_sizeof_decode_step(void) { return (int64_t)sizeof(rg_decode_step); }
  * when a kernel fails (sizes) or memory runs out. */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads) {
     const int64_t T = step->tokens, hidden = step->hidden, H = step->heads, Hkv = step->kv_heads;
-    const int64_t D = step->head_dim, inter = step->inter, C = step->n_shared;
+    const int kv = (int)step->kv_dtype;
+    const int64_t D = step->head_dim, inter = step->inter;
+    const int64_t C = kv == RG_KV_I8 ? 0 : step->n_shared;  /* int8 K/V: no shared-prefix kernel, whole sequences */
     const int64_t qd = H * D, qkv_n = (H + 2 * Hkv) * D;
     const size_t floats = (size_t)T * (size_t)(2 * hidden + qkv_n + 2 * qd + H + 3 * inter + hidden);
-    float *work = (float *)malloc(sizeof(float) * floats);
+    float *work = (float *)rg_scratch(RG_SCRATCH_STEP, sizeof(float) * floats);
     if (work == NULL) return -1;
     float *x = work, *qkv = x + T * hidden, *q = qkv + T * qkv_n, *att = q + T * qd, *lse = att + T * qd;
     float *gu = lse + T * H, *act = gu + T * 2 * inter, *o = act + T * inter, *dn = o + T * hidden;
@@ -41,13 +52,13 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
         add_rms_norm(h, NULL, layer->input_norm, T, hidden, step->eps, x, nthreads);
         if ((rc = block_gemm(&layer->qkv, x, T, hidden, qkv_n, qkv, nthreads)) != 0) break;
         rope_store(qkv, T, H, Hkv, D, step->cos_t, step->sin_t, step->positions, step->loc, layer->k_buf,
-                   layer->v_buf, nthreads);
+                   layer->v_buf, kv, nthreads);
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < qd; j++) q[t * qd + j] = qkv[t * qkv_n + j];
-        rc = decode_attention(q, layer->k_buf, layer->v_buf, 0, step->req_to_token, step->table_stride, step->rows,
+        rc = decode_attention(q, layer->k_buf, layer->v_buf, kv, step->req_to_token, step->table_stride, step->rows,
                               step->seq_lens, C, T, H, Hkv, D, step->scale, att, C > 0 ? lse : NULL, nthreads);
         if (rc == 0 && C > 0)
-            rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, 0, step->shared, C, T, H, Hkv, D, step->scale,
+            rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, kv, step->shared, C, T, H, Hkv, D, step->scale,
                                          att, lse, nthreads);
         if (rc != 0 || (rc = block_gemm(&layer->o, att, T, qd, hidden, o, nthreads)) != 0) break;
         add_rms_norm(h, o, layer->post_norm, T, hidden, step->eps, x, nthreads); /* h += o */
@@ -56,6 +67,5 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
         if ((rc = block_gemm(&layer->down, act, T, inter, hidden, dn, nthreads)) != 0) break;
         for (int64_t i = 0; i < T * hidden; i++) h[i] += dn[i];
     }
-    free(work);
     return rc;
 }

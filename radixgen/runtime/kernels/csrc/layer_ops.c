@@ -9,14 +9,26 @@
 #include <string.h>
 #include "radixgen_kernels.h"
 #include "simd_math.h"
+#include "thread_pool.h"
 
 #define PARALLEL_MIN 65536 /* elements below which one thread beats waking the team */
 
-/* h [T, n] += delta (when not NULL); out [T, n] = h * (1 / sqrt(mean(h^2) + eps)) * w. */
-void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64_t n, float eps, float *out,
-                  int nthreads) {
-#pragma omp parallel for num_threads(nthreads) if (T * n >= PARALLEL_MIN)
-    for (int64_t t = 0; t < T; t++) {
+typedef struct {
+    float *h;
+    const float *delta, *w;
+    int64_t n;
+    float eps;
+    float *out;
+} norm_job;
+
+static void norm_rows(void *job, int64_t begin, int64_t end, int tid) {
+    const norm_job *j = (const norm_job *)job;
+    float *h = j->h, *out = j->out;
+    const float *delta = j->delta, *w = j->w;
+    const int64_t n = j->n;
+    const float eps = j->eps;
+    (void)tid;
+    for (int64_t t = begin; t < end; t++) {
         float *x = h + t * n, *o = out + t * n;
         int64_t i = 0;
         float ss = 0.0f;
@@ -41,10 +53,26 @@ void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64
     }
 }
 
-/* gu [T, 2 * inter] = [gate | up] -> out [T, inter] = silu(gate) * up. */
-void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) if (T * inter >= PARALLEL_MIN)
-    for (int64_t t = 0; t < T; t++) {
+/* h [T, n] += delta (when not NULL); out [T, n] = h * (1 / sqrt(mean(h^2) + eps)) * w. */
+void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64_t n, float eps, float *out,
+                  int nthreads) {
+    norm_job job = {h, delta, w, n, eps, out};
+    rg_parallel(T * n >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, norm_rows, &job);
+}
+
+typedef struct {
+    const float *gu;
+    int64_t inter;
+    float *out;
+} silu_job;
+
+static void silu_rows(void *job, int64_t begin, int64_t end, int tid) {
+    const silu_job *j = (const silu_job *)job;
+    const float *gu = j->gu;
+    const int64_t inter = j->inter;
+    float *out = j->out;
+    (void)tid;
+    for (int64_t t = begin; t < end; t++) {
         const float *g = gu + t * 2 * inter, *u = g + inter;
         float *o = out + t * inter;
         int64_t i = 0;
@@ -60,14 +88,31 @@ void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthread
     }
 }
 
-/* qkv [T, (H + 2 Hkv) D]: rotate the q and k heads in place (rotate-half layout; cos/sin tables
- * [P, D/2] read at positions[t]), then copy each token's k and v heads to k_buf / v_buf
- * [N, Hkv, D] at slot loc[t]. */
-void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
-                const int64_t *positions, const int64_t *loc, float *k_buf, float *v_buf, int nthreads) {
-    const int64_t row = (H + 2 * Hkv) * D, half = D / 2;
-#pragma omp parallel for num_threads(nthreads) if (T * row >= PARALLEL_MIN)
-    for (int64_t t = 0; t < T; t++) {
+/* gu [T, 2 * inter] = [gate | up] -> out [T, inter] = silu(gate) * up. */
+void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads) {
+    silu_job job = {gu, inter, out};
+    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, silu_rows, &job);
+}
+
+typedef struct {
+    float *qkv;
+    int64_t H, Hkv, D;
+    const float *cos_t, *sin_t;
+    const int64_t *positions, *loc;
+    void *k_buf, *v_buf;
+    int kv_dtype;
+} rope_job;
+
+static void rope_rows(void *job, int64_t begin, int64_t end, int tid) {
+    const rope_job *j = (const rope_job *)job;
+    float *qkv = j->qkv;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, row = (H + 2 * Hkv) * D, half = D / 2;
+    const float *cos_t = j->cos_t, *sin_t = j->sin_t;
+    const int64_t *positions = j->positions, *loc = j->loc;
+    void *k_buf = j->k_buf, *v_buf = j->v_buf;
+    const int kv_dtype = j->kv_dtype;
+    (void)tid;
+    for (int64_t t = begin; t < end; t++) {
         float *x = qkv + t * row;
         const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
         for (int64_t h = 0; h < H + Hkv; h++) {
@@ -78,7 +123,20 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
                 b[i] = x2 * c[i] + x1 * s[i];
             }
         }
-        memcpy(k_buf + loc[t] * Hkv * D, x + H * D, sizeof(float) * (size_t)(Hkv * D));
-        memcpy(v_buf + loc[t] * Hkv * D, x + (H + Hkv) * D, sizeof(float) * (size_t)(Hkv * D));
+        const int64_t hs = rg_kv_head_stride(kv_dtype, D);
+        for (int64_t h = 0; h < Hkv; h++) {
+            rg_kv_store_head(k_buf, (loc[t] * Hkv + h) * hs, x + (H + h) * D, D, kv_dtype);
+            rg_kv_store_head(v_buf, (loc[t] * Hkv + h) * hs, x + (H + Hkv + h) * D, D, kv_dtype);
+        }
     }
+}
+
+/* qkv [T, (H + 2 Hkv) D]: rotate the q and k heads in place (rotate-half layout; cos/sin tables
+ * [P, D/2] read at positions[t]), then copy each token's k and v heads to k_buf / v_buf
+ * [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype (RG_KV_*, rounding to nearest even;
+ * int8 rows [N, Hkv, D + 4] quantized per head). */
+void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
+                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads) {
+    rope_job job = {qkv, H, Hkv, D, cos_t, sin_t, positions, loc, k_buf, v_buf, kv_dtype};
+    rg_parallel(T * (H + 2 * Hkv) * D >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, rope_rows, &job);
 }

@@ -16,18 +16,18 @@
 
 /* A [n, k] weight in GGUF's 32-weight blocks, repacked in panels of 16 rows (block_gemm.c). */
 typedef struct {
-    int64_t bits;       /* 4 (Q4_0 / Q4_1) or 8 (Q8_0) */
-    const void *qs;     /* packed integers */
-    const float *scale; /* [panels, k / 32, 16] */
-    const float *minv;  /* [panels, k / 32, 16]; NULL for 8-bit */
+    int64_t bits;          /* 4 (Q4_0 / Q4_1) or 8 (Q8_0) */
+    const void *qs;        /* packed integers */
+    const uint16_t *scale; /* [panels, k / 32, 16] fp16 */
+    const uint16_t *minv;  /* [panels, k / 32, 16] fp16; NULL for 8-bit */
 } rg_block_weight;
 
 /* One decoder layer of the one-call decode step (decode_layers.c). */
 typedef struct {
     const float *input_norm; /* [hidden] */
     const float *post_norm;  /* [hidden] */
-    float *k_buf;            /* [N, Hkv, D] float32 */
-    float *v_buf;            /* [N, Hkv, D] float32 */
+    void *k_buf;             /* [N, Hkv, D] in the step's kv_dtype */
+    void *v_buf;             /* [N, Hkv, D] in the step's kv_dtype */
     rg_block_weight qkv;     /* [(H + 2 Hkv) D, hidden] */
     rg_block_weight o;       /* [hidden, H D] */
     rg_block_weight gate_up; /* [2 inter, hidden] */
@@ -36,7 +36,9 @@ typedef struct {
 
 /* A decode step's sizes and per-token inputs (decode_layers.c). Token t decodes request rows[t] at
  * positions[t]; its K/V go to slot loc[t]; it attends to seq_lens[t] keys read through req_to_token
- * [*, table_stride]; the first n_shared keys of every request are the slots `shared` (0: none). */
+ * [*, table_stride]; the first n_shared keys of every request are the slots `shared` (0: none).
+ * K/V buffers hold kv_dtype elements: 0 float32, 1 bfloat16, 2 float16, or 3 int8 rows (per token and
+ * KV head D int8 values and a float32 scale: D + 4 bytes); the kv_dtype arguments below too. */
 typedef struct {
     int64_t tokens;
     int64_t hidden;
@@ -56,9 +58,11 @@ typedef struct {
     const int64_t *seq_lens;
     const int64_t *shared;
     int64_t n_shared;
+    int64_t kv_dtype;
 } rg_decode_step;
 
-/* The SIMD paths this build runs: 0 scalar (no SIMD, or -DRADIXGEN_SCALAR), 2 AVX2 + FMA. */
+/* The SIMD paths this build runs, a bit set (simd_math.h): 0 scalar (no SIMD, or -DRADIXGEN_SCALAR),
+ * 1 AVX2 + FMA, 2 AVX-VNNI, 4 AVX-512 with VNNI, 8 AMX (bf16 tiles). */
 int rg_simd_level(void);
 
 /* sizeof of the structs above, for ffi.py's check of its mirrors. */
@@ -66,16 +70,20 @@ int64_t rg_sizeof_block_weight(void);
 int64_t rg_sizeof_layer(void);
 int64_t rg_sizeof_decode_step(void);
 
-/* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
+/* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c; from block_gemm_amx_rows() rows on, on AMX
+ * tiles: amx_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads);
 
+/* The row count from which block_gemm runs on AMX tiles; 0 when it never does (no AMX, or refused). */
+int64_t block_gemm_amx_rows(void);
+
 /* Decode attention over each request's keys start .. seq_lens[b] (decode_attention.c). */
-int decode_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *req_to_token,
+int decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv_dtype, const int64_t *req_to_token,
                      int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
                      int64_t H, int64_t Hkv, int64_t D, float scale, float *out, float *lse, int nthreads);
 
 /* The shared-prefix part of cascade decode attention, merged into out / lse_own (decode_attention.c). */
-int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int bf16, const int64_t *shared,
+int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf, int kv_dtype, const int64_t *shared,
                             int64_t C, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale, float *out,
                             const float *lse_own, int nthreads);
 
@@ -86,9 +94,9 @@ void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64
 /* out [T, inter] = silu(gate) * up for gu [T, 2 inter] = [gate | up] (layer_ops.c). */
 void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads);
 
-/* Rotary embedding of qkv's q and k heads in place, then K/V stored at slots loc (layer_ops.c). */
+/* Rotary embedding of qkv's q and k heads in place, then K/V stored at slots loc in kv_dtype (layer_ops.c). */
 void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
-                const int64_t *positions, const int64_t *loc, float *k_buf, float *v_buf, int nthreads);
+                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads);
 
 /* Every layer of a pure-decode step: h [tokens, hidden] updated in place (decode_layers.c). */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads);

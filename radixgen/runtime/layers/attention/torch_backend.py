@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from radixgen.common.transfer import to_device
+from radixgen.radix_cache import kv_quant
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels import decode_attention as c_attention
 from radixgen.runtime.layers.attention.base import AttentionBackend
@@ -195,8 +196,9 @@ def _sdpa(
     n, h, d = q.shape
     b, s = call.kv_index.shape
     flat = call.kv_index.view(-1)  # index_select: ~4x faster than advanced indexing on CPU
-    k = k_buffer.index_select(0, flat).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    v = v_buffer.index_select(0, flat).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
+    # the KV cache may hold another dtype than q (kv_cache_dtype): the gathered copy is converted
+    k = kv_quant.gather(k_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
+    v = kv_quant.gather(v_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
     if call.q_pad_index is None:
         qb = q.view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
     else:
@@ -227,8 +229,8 @@ def _cascade(
     h_kv = k.shape[1]
     group = h // h_kv
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, natural-log lse)
-    ks = k_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
-    vs = v_buffer.index_select(0, call.shared).transpose(0, 1)[None]  # [1, Hkv, C, D]
+    ks = kv_quant.gather(k_buffer, call.shared, qb.dtype).transpose(0, 1)[None]  # [1, Hkv, C, D]
+    vs = kv_quant.gather(v_buffer, call.shared, qb.dtype).transpose(0, 1)[None]  # [1, Hkv, C, D]
     # Every query sees every shared key, so all queries of a KV head's group (all requests, all
     # heads of the group) form one query sequence: no mask, no GQA expansion of the shared K/V.
     q_all = qb.view(b, h_kv, group, e, d).permute(1, 2, 0, 3, 4).reshape(1, h_kv, group * b * e, d)

@@ -1,0 +1,13 @@
+/* The AMX path of the block GEMM (amx_gemm.c), called by block_gemm for many rows. Internal to
+ * the kernel library (not part of the Python boundary in radixgen_kernels.h). */
+#ifndef RADIXGEN_AMX_GEMM_H
+#define RADIXGEN_AMX_GEMM_H
+#include "radixgen_kernels.h"
+
+/* 1 when this build has the AMX path and the OS lends this process the tile state, else 0. */
+int amx_ready(void);
+
+/* block_gemm's result on AMX tiles; -1 when the path is absent or refused, or on bad sizes / memory. */
+int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t K, int64_t N, float *y, int nthreads);
+
+#endif

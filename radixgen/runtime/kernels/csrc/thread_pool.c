@@ -1,0 +1,184 @@
+/* The kernels' own worker threads, instead of torch's OpenMP runtime.
+ *
+ * With OpenMP, every thread that runs a parallel region owns a team for its life, and once a
+ * process has more OpenMP threads than cores, libgomp stops spinning between regions: each region
+ * then pays a futex wake-up per worker. An idle team on the user's main thread (any torch work
+ * there, e.g. HF transformers run first) thus made every small region of our decode step slow, and
+ * batch-1 decoding ~2x slower. These workers belong to the kernel library alone: between regions
+ * a worker polls for the next one for SPIN_NS (a decode step's regions follow each other within
+ * microseconds), then sleeps on a futex until the caller's next region (one wake-up per step, after
+ * the step's Python work). The caller runs a share of each region itself.
+ *
+ * Items are claimed from a shared counter, and a worker joins a region only while it is open: the
+ * caller closes it once every item is claimed and waits only for the workers inside. So a worker
+ * the OS has not scheduled costs nothing: the caller runs its share. A worker the OS takes the CPU
+ * from while it holds items does cost (the caller waits for the OS to give it back): when a wait
+ * is long against the region's own work, the CPU is busy with other work, and the next
+ * SOLO_REGIONS regions run on the caller alone, then the workers are tried again (batch-1 decode,
+ * 2 threads on 2 cores shared with another ~1.5 cores of load: 28 tok/s waiting on the worker,
+ * 110-130 on one thread).
+ * One region runs at a time: a caller that finds the pool busy (another thread's region, or a
+ * nested call from inside a region) runs its region alone, so nothing waits on anything else.
+ * After fork() the child starts with no workers.
+ */
+#include "thread_pool.h"
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define CPU_RELAX() __asm__ volatile("yield")
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+#define MAX_WORKERS 255
+#define SPIN_NS 100000 /* how long an idle worker polls for the next region before sleeping */
+#define WAIT_MIN_NS 100000 /* a caller's wait for workers longer than this and than half its own work... */
+#define SOLO_REGIONS 512   /* ...means the workers do not get the CPU: run this many regions alone */
+#define CLOSED (1ull << 31)         /* in `state`: the region takes no more workers */
+#define ACTIVE_MASK (CLOSED - 1)    /* in `state`: workers inside the region */
+
+typedef struct {
+    pthread_mutex_t lock;        /* held by the caller whose region runs */
+    int workers;                 /* started worker threads (tids 1 .. workers) */
+    _Atomic uint32_t generation; /* bumped per region; the futex word sleeping workers wait on */
+    _Atomic uint64_t state;      /* generation << 32 | CLOSED | workers inside the region */
+    _Atomic int sleepers;        /* workers in futex wait */
+    _Atomic int64_t next;        /* the next unclaimed item */
+    rg_range_fn fn;              /* the current region (written before `generation` is bumped) */
+    void *ctx;
+    int64_t n, grain;
+    int nthreads;
+    int solo;                    /* regions the lock holder still runs alone */
+} pool_t;
+
+static pool_t pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Claim and run runs of `grain` items until none are left. */
+static void run_items(int tid) {
+    for (;;) {
+        const int64_t begin = atomic_fetch_add_explicit(&pool.next, pool.grain, memory_order_relaxed);
+        if (begin >= pool.n) return;
+        pool.fn(pool.ctx, begin, begin + pool.grain < pool.n ? begin + pool.grain : pool.n, tid);
+    }
+}
+
+/* Wait until `generation` differs from `seen` (poll, then sleep); returns the new value. */
+static uint32_t next_generation(uint32_t seen) {
+    uint64_t start = now_ns();
+    for (unsigned spins = 1;; spins++) {
+        const uint32_t g = atomic_load_explicit(&pool.generation, memory_order_acquire);
+        if (g != seen) return g;
+        if (spins % 64 == 0 && now_ns() - start > SPIN_NS) {
+            atomic_fetch_add(&pool.sleepers, 1);  /* announced before the futex re-checks the word */
+            syscall(SYS_futex, &pool.generation, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            atomic_fetch_sub(&pool.sleepers, 1);
+            start = now_ns();
+        } else {
+            CPU_RELAX();
+        }
+    }
+}
+
+/* Enter region g unless it is over or closed; then the caller waits for this worker to leave. */
+static int join(uint32_t g) {
+    uint64_t st = atomic_load(&pool.state);
+    while ((uint32_t)(st >> 32) == g && !(st & CLOSED))
+        if (atomic_compare_exchange_weak(&pool.state, &st, st + 1)) return 1;
+    return 0;
+}
+
+static void *worker(void *arg) {
+    const intptr_t packed = (intptr_t)arg;
+    const int tid = (int)(packed & 0xFF);
+    uint32_t seen = (uint32_t)(packed >> 8);  /* the generation before this worker's first region */
+    for (;;) {
+        seen = next_generation(seen);
+        if (!join(seen)) continue;  /* too late: the caller ran it */
+        if (tid < pool.nthreads) run_items(tid);
+        atomic_fetch_sub(&pool.state, 1);
+    }
+    return NULL;
+}
+
+static void forget_workers(void) {  /* in a forked child: the workers did not come along */
+    pthread_mutex_init(&pool.lock, NULL);
+    pool.workers = 0;
+    atomic_store(&pool.sleepers, 0);
+}
+
+static void install_atfork(void) { pthread_atfork(NULL, NULL, forget_workers); }
+
+/* Start workers up to `want` (the lock held); fewer if threads cannot be created. */
+static void grow(int want) {
+    if (want > MAX_WORKERS) want = MAX_WORKERS;
+    while (pool.workers < want) {
+        const uint32_t g = atomic_load(&pool.generation);
+        const intptr_t packed = ((intptr_t)g << 8) | (intptr_t)(pool.workers + 1);
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&thread, &attr, worker, (void *)packed);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) return;
+        pool.workers++;
+    }
+}
+
+void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ctx) {
+    if (nthreads > n) nthreads = (int)n;
+    if (nthreads <= 1 || pthread_mutex_trylock(&pool.lock) != 0) {
+        if (n > 0) fn(ctx, 0, n, 0);
+        return;
+    }
+    if (pool.solo > 0) {
+        pool.solo--;
+        pthread_mutex_unlock(&pool.lock);
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    pthread_once(&atfork_once, install_atfork);
+    grow(nthreads - 1);
+    pool.fn = fn;
+    pool.ctx = ctx;
+    pool.n = n;
+    pool.nthreads = nthreads;
+    /* RG_STATIC: a few runs per thread, so a late or busy thread's share is taken by the others */
+    pool.grain = schedule == RG_DYNAMIC ? 1 : (n + 4 * nthreads - 1) / (4 * nthreads);
+    atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
+    const uint32_t g = atomic_load(&pool.generation) + 1;
+    atomic_store(&pool.state, (uint64_t)g << 32);
+    atomic_store(&pool.generation, g);  /* publishes the region (sequentially consistent) */
+    if (atomic_load(&pool.sleepers) > 0)
+        syscall(SYS_futex, &pool.generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    const uint64_t start = now_ns();
+    run_items(0);
+    atomic_fetch_or(&pool.state, CLOSED);  /* no worker may enter now; wait for those inside */
+    const uint64_t own = now_ns();
+    for (unsigned spins = 1; atomic_load_explicit(&pool.state, memory_order_acquire) & ACTIVE_MASK; spins++) {
+        if (spins % 1024 == 0) sched_yield();  /* a worker inside may wait for this core */
+        else CPU_RELAX();
+    }
+    const uint64_t waited = now_ns() - own;
+    if (waited > WAIT_MIN_NS && waited > (own - start) / 2) pool.solo = SOLO_REGIONS;
+    pthread_mutex_unlock(&pool.lock);
+}

@@ -1,0 +1,18 @@
+/* The kernels' own worker threads (thread_pool.c). Internal to the kernel library. */
+#ifndef RADIXGEN_THREAD_POOL_H
+#define RADIXGEN_THREAD_POOL_H
+#include <stdint.h>
+
+/* Runs items [begin, end) on thread `tid` (0 is the caller, 1 .. nthreads - 1 the pool's workers). */
+typedef void (*rg_range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
+
+enum { RG_STATIC, RG_DYNAMIC };
+
+/* fn over items [0, n) on up to nthreads threads, the calling thread one of them; returns when all
+ * are done. Threads claim runs of items: RG_STATIC a few contiguous runs per thread, RG_DYNAMIC one
+ * item at a time; which thread runs which items varies, so fn's results must not depend on it (tid
+ * only picks per-thread scratch). With nthreads <= 1, n <= 1, or the pool busy with another caller's
+ * region (another thread's, or a nested call), everything runs on the calling thread as tid 0. */
+void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ctx);
+
+#endif
