@@ -36,8 +36,10 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 
 bench: $(DEV_STAMP)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
-	# bench_gpu needs CUDA; `$(PY) benchmarks/bench_gpu.py --tiny --device cpu` is its CPU smoke run
+	for b in benchmarks/bench_*.py; do case $$b in *bench_commits.py) continue;; esac; \
+		echo "== $$b"; $(PY) $$b || exit 1; done
+	# bench_gpu needs CUDA; `$(PY) benchmarks/bench_gpu.py --tiny --device cpu` is its CPU smoke run.
+	# bench_commits compares two commits: `$(PY) benchmarks/bench_commits.py --old <commit>`
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
