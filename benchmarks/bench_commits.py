@@ -5,8 +5,9 @@ The old commit is checked out into a temporary git worktree; the new side is thi
 `radixgen` comes from its tree while the measurement code is this tree's benchmarks
 (`bench_decode.ours_main`: prefill 256 tokens, batch-1, 16 and 64 decode, float32, cache off;
 `bench_prefix`: 32 requests on one ~1,000-token few-shot prefix, 16 new tokens each, cache on; and
-16 requests on it with 64 new tokens, the cascade-decode case; each the median of three runs). Ratios new/old use the means over
-`--rounds` rounds; the machine's speed drifts over minutes, which alternation evens out.
+16 requests on it with 64 new tokens, the cascade-decode case; each the median of three runs).
+Ratios new/old use the means over `--rounds` rounds; the machine's speed drifts over minutes, which
+alternation evens out.
 Usage: python benchmarks/bench_commits.py --old REV [--new REV] [--rounds 3]
 """
 
