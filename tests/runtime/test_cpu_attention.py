@@ -67,6 +67,31 @@ def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype, q_dtyp
     assert (out.double() - ref).abs().max().item() <= tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_rows_of_one_request_read_together_equal_each_alone(dtype):
+    """Rows verifying drafts: consecutive rows on one req_to_token row whose lengths grow by one
+    (crossing chunk boundaries), among other requests. Their chunks run as one work item; each row's
+    output is bitwise the one it gets alone, and matches float64."""
+    g = torch.Generator().manual_seed(5)
+    heads, kv_heads, d = 9, 3, 64
+    k_buf = kv_buffer(torch.randn(1200, kv_heads, d, generator=g), dtype)
+    v_buf = kv_buffer(torch.randn(1200, kv_heads, d, generator=g), dtype)
+    table = torch.zeros(4, 600, dtype=torch.int64)
+    table[1, :600] = torch.randperm(1199, generator=g)[:600] + 1
+    table[3, :300] = torch.randperm(1199, generator=g)[:300] + 1
+    rows = torch.tensor([3, 1, 1, 1, 1, 1, 3])  # request 1 verifies 4 drafts: lengths 254..258 cross 256
+    lens = torch.tensor([300, 254, 255, 256, 257, 258, 120])
+    q = torch.randn(len(lens), heads, d, generator=g)
+    scale = d**-0.5
+    together = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
+    for i in range(len(lens)):
+        one = slice(i, i + 1)
+        alone = cpu_attention.decode_attention(q[one], k_buf, v_buf, table, rows[one], lens[one], scale)
+        assert torch.equal(together[i], alone[0]), i
+    ref = naive(q, kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
+    assert (together.double() - ref).abs().max().item() <= 1e-5
+
+
 def test_decode_attention_rejects_bad_input():
     q, kv = torch.randn(1, 4, 16), torch.randn(8, 2, 16)
     table, rows = torch.arange(8)[None], torch.tensor([0])

@@ -257,39 +257,46 @@ typedef struct {
     float scale;
     const int32_t *chunk_req, *chunk_idx;  /* each chunk's request and its index there */
     const int64_t *first_chunk;            /* [B + 1] each request's first chunk */
+    const int32_t *unit_chunks;            /* chunks grouped in work units: those reading the same keys */
+    const int64_t *unit_first;             /* [units + 1] each unit's first entry in unit_chunks */
     float *partials;                       /* [chunks * Hkv][G][2 + D]: max, sum of exp, unnormalized output */
     float *out, *lse;
 } attention_job;
 
-/* Items (chunk, KV head): the chunk's scores, softmax statistics and exp-weighted values. */
+/* Items (work unit, KV head): for each chunk of the unit, its scores, softmax statistics and
+ * exp-weighted values. A unit's chunks read the same keys (rows of one request verifying drafts), so
+ * the keys come from this core's cache after the first; each chunk's arithmetic is the same as alone. */
 static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
     const attention_job *j = (const attention_job *)job;
     const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, row = Hkv * rg_kv_head_stride(j->kv, D);
     float scores[G * CHUNK_KEYS];  /* [G, n] */
     (void)tid;
-    for (int64_t item = begin; item < end; item++) {
-        const int64_t chunk = item / Hkv, hkv = item % Hkv, b = j->chunk_req[chunk];
-        const int64_t k0 = j->start + (int64_t)j->chunk_idx[chunk] * CHUNK_KEYS;
-        const int64_t n = j->seq_lens[b] - k0 < CHUNK_KEYS ? j->seq_lens[b] - k0 : CHUNK_KEYS;
-        const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
-        const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
-        float *part = j->partials + item * G * (2 + D);
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-            heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
-                       j->scale, j->kv, scores + g0 * n);
-        for (int64_t g = 0; g < G; g++) {
-            float *p = scores + g * n, max = p[0];
-            for (int64_t s = 1; s < n; s++) max = p[s] > max ? p[s] : max;
-            part[g * (2 + D)] = max;
-            part[g * (2 + D) + 1] = exp_sum(p, n, max);
-            memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
-        }
-        for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
-            const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
-            float o[GMAX * D];
-            memset(o, 0, sizeof(float) * (size_t)(ng * D));
-            heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, row, 0.0f, j->kv, o);
-            for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
+    for (int64_t unit_item = begin; unit_item < end; unit_item++) {
+        const int64_t unit = unit_item / Hkv, hkv = unit_item % Hkv;
+        for (int64_t e = j->unit_first[unit]; e < j->unit_first[unit + 1]; e++) {
+            const int64_t chunk = j->unit_chunks[e], item = chunk * Hkv + hkv, b = j->chunk_req[chunk];
+            const int64_t k0 = j->start + (int64_t)j->chunk_idx[chunk] * CHUNK_KEYS;
+            const int64_t n = j->seq_lens[b] - k0 < CHUNK_KEYS ? j->seq_lens[b] - k0 : CHUNK_KEYS;
+            const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
+            const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
+            float *part = j->partials + item * G * (2 + D);
+            for (int64_t g0 = 0; g0 < G; g0 += GMAX)
+                heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
+                           j->scale, j->kv, scores + g0 * n);
+            for (int64_t g = 0; g < G; g++) {
+                float *p = scores + g * n, max = p[0];
+                for (int64_t s = 1; s < n; s++) max = p[s] > max ? p[s] : max;
+                part[g * (2 + D)] = max;
+                part[g * (2 + D) + 1] = exp_sum(p, n, max);
+                memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
+            }
+            for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
+                const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
+                float o[GMAX * D];
+                memset(o, 0, sizeof(float) * (size_t)(ng * D));
+                heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, row, 0.0f, j->kv, o);
+                for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
+            }
         }
     }
 }
@@ -327,10 +334,12 @@ static void attention_merge(void *job, int64_t begin, int64_t end, int tid) {
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
- * Work items are (chunk of up to CHUNK_KEYS keys, KV head) pairs: each computes its heads' scores
- * (K read once for the head group), softmax statistics and exp-weighted sum of V (V read once for
- * the group); each request's chunks then merge by log-sum-exp. A request's chunks depend on its
- * length alone, so its result does not depend on its batch-mates or the thread count.
+ * Work is per (chunk of up to CHUNK_KEYS keys, KV head): its heads' scores (K read once for the head
+ * group), softmax statistics and exp-weighted sum of V (V read once for the group); each request's
+ * chunks then merge by log-sum-exp. Consecutive requests on one req_to_token row (a request and the
+ * rows verifying its drafts) share their i-th chunks' keys: those chunks form one work item, so the
+ * keys are read from memory once and from this core's cache for the others. A request's chunks
+ * depend on its length alone, so its result does not depend on its batch-mates or the thread count.
  * Returns 0, or -1 on bad sizes or when the buffers cannot be allocated. */
 int decode_attention(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                      int64_t table_stride, const int64_t *rows, const int64_t *seq_lens, int64_t start, int64_t B,
@@ -342,12 +351,13 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int k
         if (seq_lens[b] <= start || seq_lens[b] > table_stride) return -1;
         chunks += (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS;
     }
-    const size_t map_bytes = ((size_t)(2 * chunks) * 4 + (size_t)(B + 1) * 8 + 63) / 64 * 64;
+    const size_t map_bytes = ((size_t)(3 * chunks) * 4 + (size_t)(B + 1 + chunks + 1) * 8 + 63) / 64 * 64;
     uint8_t *mem = (uint8_t *)rg_scratch(RG_SCRATCH_ATTENTION,
                                          map_bytes + sizeof(float) * (size_t)(chunks * Hkv * G * (2 + D)));
     if (mem == NULL) return -1;
-    int64_t *first_chunk = (int64_t *)mem;
-    int32_t *chunk_req = (int32_t *)(first_chunk + B + 1), *chunk_idx = chunk_req + chunks;
+    int64_t *first_chunk = (int64_t *)mem, *unit_first = first_chunk + B + 1;
+    int32_t *chunk_req = (int32_t *)(unit_first + chunks + 1), *chunk_idx = chunk_req + chunks;
+    int32_t *unit_chunks = chunk_idx + chunks;
     for (int64_t b = 0, c = 0; b < B; b++) {
         first_chunk[b] = c;
         for (int64_t i = 0; i < (seq_lens[b] - start + CHUNK_KEYS - 1) / CHUNK_KEYS; i++, c++) {
@@ -356,9 +366,27 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int k
         }
     }
     first_chunk[B] = chunks;
+    /* Work units: the i-th chunks of consecutive requests on one req_to_token row (a request and the
+     * rows verifying its drafts) form one unit; any other chunk is a unit alone. */
+    int64_t units = 0, e = 0;
+    for (int64_t b0 = 0, b1; b0 < B; b0 = b1) {
+        for (b1 = b0 + 1; b1 < B && rows[b1] == rows[b0]; b1++) {}
+        int64_t most = 0;  /* chunks of the group's longest request */
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t n = first_chunk[b + 1] - first_chunk[b];
+            most = n > most ? n : most;
+        }
+        for (int64_t i = 0; i < most; i++) {
+            unit_first[units++] = e;
+            for (int64_t b = b0; b < b1; b++)
+                if (first_chunk[b] + i < first_chunk[b + 1]) unit_chunks[e++] = (int32_t)(first_chunk[b] + i);
+        }
+    }
+    unit_first[units] = e;
     attention_job job = {q, k_buf, v_buf, kv, req_to_token, rows, seq_lens, table_stride, start, H, Hkv, D, scale,
-                         chunk_req, chunk_idx, first_chunk, (float *)(mem + map_bytes), out, lse};
-    rg_parallel(nthreads, chunks * Hkv, RG_DYNAMIC, attention_chunks, &job);
+                         chunk_req, chunk_idx, first_chunk, unit_chunks, unit_first, (float *)(mem + map_bytes), out,
+                         lse};
+    rg_parallel(nthreads, units * Hkv, RG_DYNAMIC, attention_chunks, &job);
     rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_STATIC, attention_merge, &job);
     return 0;
 }
