@@ -8,7 +8,9 @@ Two workloads on SmolLM2-135M, greedy, at batch 1 (requests one after another) a
 out (`speculative: false`), so both sides share the process, its threads and the machine's state;
 they alternate for --rounds rounds and the ratios use the mean walls. Greedy outputs must be equal
 on and off: differing requests are counted (the near-tie flips the issue asks to measure).
-Prints one JSON line per measurement and a summary line with the ratios and mean accepted lengths.
+Prints one JSON line per measurement and a summary line with the ratios and mean accepted lengths:
+`*_speedup` is end to end (each side prefills the same prompts, so the prompt's prefill dilutes it),
+`*_decode_speedup` the decode alone (each request's first token to its last, from meta_info).
 A llama.cpp column (plain and `LlamaPromptLookupDecoding`, batch 1, same GGUF and extraction prompts,
 in a subprocess after ours) is added when llama-cpp-python is installed; without it it is skipped.
 Usage: python benchmarks/bench_spec.py [--rounds 2] [--requests 4] [--batch 8] [--num-threads N]
@@ -185,6 +187,8 @@ def main() -> None:
     eng = Engine(speculative_algorithm="ngram", num_threads=args.num_threads)
     walls: dict[str, list[float]] = {}
     tokens: dict[str, int] = {}
+    decode_s: dict[str, float] = {}  # per request: first token to last (the prompt's prefill left out)
+    decode_tokens: dict[str, int] = {}
     accept: dict[str, list[float]] = {}
     flips: dict[str, int] = {}
     try:
@@ -203,6 +207,9 @@ def main() -> None:
                         n = sum(len(o["output_ids"]) for o in outs)
                         walls.setdefault(f"{key}_{mode}", []).append(wall)
                         tokens[f"{key}_{mode}"] = tokens.get(f"{key}_{mode}", 0) + n
+                        decode_s[f"{key}_{mode}"] = decode_s.get(f"{key}_{mode}", 0.0) + sum(
+                            o["meta_info"]["e2e_latency"] - o["meta_info"]["first_token_latency"] for o in outs)
+                        decode_tokens[f"{key}_{mode}"] = decode_tokens.get(f"{key}_{mode}", 0) + n - len(outs)
                         line = {"workload": name, "batch": batch, "mode": mode, "round": rnd, "tokens": n,
                                 "wall_s": round(wall, 2), "tok_s": round(n / wall, 1)}
                         if mode == "on":
@@ -224,6 +231,8 @@ def main() -> None:
         summary[f"{key}_speedup"] = round((tokens[on] / sum(walls[on])) / (tokens[off] / sum(walls[off])), 2)
         summary[f"{key}_tok_s_off"] = round(tokens[off] / sum(walls[off]), 1)
         summary[f"{key}_tok_s_on"] = round(tokens[on] / sum(walls[on]), 1)
+        rate = {m: decode_tokens[f"{key}_{m}"] / decode_s[f"{key}_{m}"] for m in ("on", "off")}
+        summary[f"{key}_decode_speedup"] = round(rate["on"] / rate["off"], 2)
         summary[f"{key}_mean_accept_length"] = round(statistics.mean(accept[key]), 2)
         summary[f"{key}_outputs_differing"] = flips[key]
     peer = llama_cpp_column(extraction_prompts(args.requests, seed=1), 240, args.num_threads)  # round 0 b1 prompts
