@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import runpy
 import sys
@@ -97,6 +98,7 @@ def serve(args: argparse.Namespace) -> None:
     from radixgen.runtime.engine import Engine
     from radixgen.runtime.observability.log_format import configure_logging
     from radixgen.runtime.server import create_app
+    from radixgen.runtime.server.memory import freeze_startup_heap
     from radixgen.runtime.server.warmup import warm_up
 
     configure_logging(args.log_level, args.log_format)
@@ -112,6 +114,7 @@ def serve(args: argparse.Namespace) -> None:
         state = app.state.radixgen
         if not args.skip_warmup:
             warm_up(engine, state)
+        logging.getLogger("radixgen.server").debug("froze %d start-up objects out of GC", freeze_startup_heap())
 
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:

@@ -1,4 +1,4 @@
-"""Give memory back to the OS after a large request.
+"""Give memory back to the OS after a large request; keep the startup heap out of garbage collection.
 
 glibc's malloc keeps freed heap memory mapped for reuse, so the buffers of one huge request (its
 body, the parsed JSON, the tokenizer's work) stay in the process's RSS after they are freed.
@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import threading
 import time
 
 logger = logging.getLogger("radixgen.server")
 LARGE_BODY_BYTES = 1 << 20  # requests with a body at least this large trigger a trim afterwards
+
+
+def freeze_startup_heap() -> int:
+    """Move every object alive now (model modules, tokenizer and grammar vocabularies: ~700k objects)
+    into the collector's permanent generation, so full collections skip them. Without it each full
+    collection walks them all with the GIL held: ~0.3 s on a quiet machine, over a second under load,
+    during which the event loop answers nothing (not even /health). Call once, after start-up and
+    warm-up; returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _libc_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
