@@ -10,7 +10,8 @@ clients loop for `--duration` seconds (10 minutes by default) over a mix of
   too many stop strings, a 20 MB body, 20,000 random characters.
 Good requests must all succeed (a 429 from the queue cap would count as a failure: none is expected
 at this load), bad ones must all get a 4xx. RSS is sampled every 5 s; the report gives its start
-(after warm-up), end, peak and least-squares slope, the p50 / p99 latency of good non-streamed
+(after warm-up), end, peak and least-squares slope (over the run, and over its second half: the first
+minutes ramp up as caches and allocator arenas fill), the p50 / p99 latency of good non-streamed
 requests, and whether the KV pool is back to idle at the end (a flush leaves 0 tokens used).
 Prints one JSON line. Usage:
     python benchmarks/bench_soak.py [--duration 600] [--clients 16] [--model M] [--max-total-tokens 8192]
@@ -195,6 +196,8 @@ async def main_async(args: argparse.Namespace, url: str, pid: int) -> dict:
             await asyncio.sleep(0.2)
     ts, rs = [t for t, _ in samples], [r for _, r in samples]
     slope = statistics.linear_regression(ts, rs).slope * 60 if len(samples) > 2 else 0.0
+    half = len(samples) // 2  # the second half: after the first minutes' ramp (caches and arenas filling)
+    late = statistics.linear_regression(ts[half:], rs[half:]).slope * 60 if len(samples) - half > 2 else 0.0
     lat = sorted(soak.latency)
     return {
         "duration_s": args.duration, "clients": args.clients, "requests": soak.counts,
@@ -202,7 +205,8 @@ async def main_async(args: argparse.Namespace, url: str, pid: int) -> dict:
         "latency_p50_s": round(lat[len(lat) // 2], 3) if lat else None,
         "latency_p99_s": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 3) if lat else None,
         "rss_start_mb": round(rs[0], 1), "rss_end_mb": round(rs[-1], 1), "rss_peak_mb": round(max(rs), 1),
-        "rss_slope_mb_per_min": round(slope, 2), "kv_idle_after": idle,
+        "rss_slope_mb_per_min": round(slope, 2),
+        "rss_slope_second_half_mb_per_min": round(late, 2), "kv_idle_after": idle,
         "rss_every_30s_mb": [round(r) for t, r in samples if t % 30 < 5] + [round(rs[-1])],
         "examples": (soak.good_failures + soak.bad_not_4xx)[:5],
     }
