@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from tool_defs import TIME, WEATHER
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -172,17 +173,6 @@ def test_response_format_json_schema(client, needs_constraints):
         assert isinstance(json.loads(obj.choices[0].message.content), dict)
     regex = chat(client, messages=msgs, extra_body={"regex": "[0-9]{3}"}, max_tokens=5)
     assert len(regex.choices[0].message.content) == 3 and regex.choices[0].message.content.isdigit()
-
-
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 20}},
-                   "required": ["tz"], "additionalProperties": False}}}
 
 
 @pytest.mark.parametrize("choice", ["required", "named"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tool_defs import TIME, WEATHER
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -16,15 +17,6 @@ pydantic = pytest.importorskip("pydantic")
 jsonschema = pytest.importorskip("jsonschema")
 
 MODEL = "smollm2-135m-instruct"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather of a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "Current time in a timezone",
-    "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 20}},
-                   "required": ["tz"], "additionalProperties": False}}}
 TOOLS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What's the weather in Paris and the time in Tokyo?"}]
 
