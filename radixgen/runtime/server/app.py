@@ -49,6 +49,7 @@ from radixgen.runtime.server import chat, completions, native
 from radixgen.runtime.server.auth import Gate
 from radixgen.runtime.server.body_checks import GuardedRoute
 from radixgen.runtime.server.http_guard import HTTPGuard
+from radixgen.runtime.server.loop_watch import LoopStallDump
 from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.parsers import reasoning_format_named, tool_format_named
 from radixgen.runtime.server.protocol import (
@@ -85,7 +86,12 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.offload(state.prepare)  # so that no first request builds these on the event loop
+        watch = LoopStallDump(state.options.loop_stall_dump) if state.options.loop_stall_dump else None
+        if watch is not None:
+            watch.start()
         yield
+        if watch is not None:
+            await watch.stop()
 
     app = FastAPI(title="radixgen", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)

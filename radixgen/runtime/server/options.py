@@ -46,6 +46,8 @@ class ServerOptions:
     """Cut a max_tokens that does not fit the context to the room left, instead of answering 400."""
     public_metrics: bool = False
     """Serve /metrics without the API key (for a Prometheus scraper); /health is always open."""
+    loop_stall_dump: float | None = None
+    """Debugging: when the event loop answers nothing for this many seconds, dump every thread's stack to stderr."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
