@@ -55,11 +55,17 @@ def _omp_set_num_threads() -> Callable[[int], None] | None:
     return fn
 
 
-def serial_torch_on_this_thread() -> None:
-    """Run parallel torch ops issued from the calling thread on that thread alone, so it never starts
-    an OpenMP team. Other threads, and torch's and MKL's process-wide settings, are untouched (unlike
-    `torch.set_num_threads`, which new threads and MKL inherit). A no-op without libgomp."""
+def torch_threads_on_this_thread(n: int) -> None:
+    """Run parallel torch ops issued from the calling thread on `n` OpenMP threads (1: on that thread
+    alone, so it starts no OpenMP team, or its team idles and the team's workers go to sleep). Other
+    threads, and torch's and MKL's process-wide settings, are untouched (unlike `torch.set_num_threads`,
+    which new threads and MKL inherit). A no-op without libgomp."""
     fn = _omp_set_num_threads()
     if fn is not None:
         torch.get_num_threads()  # ATen sets up a thread's OpenMP lazily; first, so it cannot undo ours
-        fn(1)
+        fn(n)
+
+
+def serial_torch_on_this_thread() -> None:
+    """`torch_threads_on_this_thread(1)`: the calling thread never starts an OpenMP team."""
+    torch_threads_on_this_thread(1)

@@ -57,3 +57,19 @@ def test_engine_flush_starts_no_team(tiny_models):
         assert _threads() == before
     finally:
         eng.shutdown()
+
+
+def test_decode_steps_run_torch_serially_and_kernels_in_parallel(engine):
+    """On SmolLM2's GGUF blocks every matrix runs in the C kernels: the worker thread runs a decode
+    step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the core the
+    kernels' worker needs) and other steps on torch's threads; the kernels keep the engine's count."""
+    from radixgen.runtime.kernels import ffi
+
+    worker = engine.scheduler.worker
+    assert worker.serial_decode
+    engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
+    assert worker.torch_threads_now == 1  # the last step decoded
+    engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params={"temperature": 0, "max_new_tokens": 1})
+    assert worker.torch_threads_now == torch.get_num_threads()  # a prefill step, and no decode after it
+    serial = on_short_lived_thread(lambda: (serial_torch_on_this_thread(), ffi.kernel_threads())[1])
+    assert serial == torch.get_num_threads()

@@ -45,6 +45,7 @@ class ModelRunner:
         self.attention = get_attention_backend(config.attention_backend, self.device, self.kv_dtype)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        ffi.set_kernel_threads(torch.get_num_threads())  # also for threads whose torch ops run serially
         t0 = time.perf_counter()
         path = resolve_model_path(config.model)
         logger.info("loading %s (%s on %s)", path, config.dtype, config.device)

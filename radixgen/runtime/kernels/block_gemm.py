@@ -177,7 +177,7 @@ def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None
         raise RuntimeError("block_linear: the block kernel could not be built (see the log)")
     x = x.contiguous()
     y = torch.empty((x.shape[0], n), dtype=torch.float32)
-    rc = lib.block_gemm(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), torch.get_num_threads())
+    rc = lib.block_gemm(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), ffi.kernel_threads())
     if rc != 0:
         raise RuntimeError(f"block_gemm failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")
     return y

@@ -54,7 +54,7 @@ def decode_attention(
     rc = lib.decode_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
         req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), seq_lens.data_ptr(), start, b, h, h_kv, d,
-        scale, out.data_ptr(), None if lse is None else lse.data_ptr(), torch.get_num_threads(),
+        scale, out.data_ptr(), None if lse is None else lse.data_ptr(), ffi.kernel_threads(),
     )
     if rc != 0:
         raise RuntimeError(f"decode_attention failed (heads {h}/{h_kv}, or a sequence length outside "
@@ -89,7 +89,7 @@ def shared_prefix_decode_attention(
     rc = lib.shared_prefix_attention(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
         ffi.kv_dtype_code(k_buffer.dtype), shared.data_ptr(), shared.numel(), b, h, k_buffer.shape[1], d, scale,
-        out.data_ptr(), lse_own.data_ptr(), torch.get_num_threads(),
+        out.data_ptr(), lse_own.data_ptr(), ffi.kernel_threads(),
     )
     if rc != 0:
         raise RuntimeError(f"shared_prefix_attention failed (heads {h}/{k_buffer.shape[1]}, head dim {d})")

@@ -82,6 +82,6 @@ class DecodeLayers:
             rows=rows.data_ptr(), seq_lens=seq_lens.data_ptr(), shared=None if shared is None else shared.data_ptr(),
             n_shared=0 if shared is None else shared.numel(), kv_dtype=self.kv_dtype)
         rc = (lib or ffi.library()).decode_layers(ctypes.byref(self.table), len(self.layers), h.data_ptr(),
-                                                  ctypes.byref(step), torch.get_num_threads())
+                                                  ctypes.byref(step), ffi.kernel_threads())
         if rc != 0:
             raise RuntimeError(f"decode_layers failed ({t} tokens, heads {d.heads}/{d.kv_heads}, or out of memory)")

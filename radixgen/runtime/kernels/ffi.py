@@ -125,6 +125,23 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
     return lib
 
 
+_kernel_threads: int | None = None
+
+
+def set_kernel_threads(n: int | None) -> None:
+    """Fix how many threads the C kernels run on (the engine sets its configured count, so a thread that
+    runs its own torch ops serially still runs the kernels in parallel); None: torch's count."""
+    global _kernel_threads
+    if n is not None and n < 1:
+        raise ValueError(f"kernel threads must be >= 1, got {n}")
+    _kernel_threads = n
+
+
+def kernel_threads() -> int:
+    """The C kernels' thread count: `set_kernel_threads`'s, else torch's on the calling thread."""
+    return _kernel_threads or torch.get_num_threads()
+
+
 def library() -> ctypes.CDLL | None:
     """The native kernel library (the one the engine runs)."""
     return load("native")

@@ -29,7 +29,7 @@ def add_rms_norm(h: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch
     t, n = h.shape
     out = torch.empty_like(h)
     (lib or ffi.library()).add_rms_norm(h.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(),
-                                        t, n, eps, out.data_ptr(), torch.get_num_threads())
+                                        t, n, eps, out.data_ptr(), ffi.kernel_threads())
     return out
 
 
@@ -38,7 +38,7 @@ def silu_mul(gate_up: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Ten
     _check("silu_mul", gate_up)
     t, two_i = gate_up.shape
     out = gate_up.new_empty((t, two_i // 2))
-    (lib or ffi.library()).silu_mul(gate_up.data_ptr(), t, two_i // 2, out.data_ptr(), torch.get_num_threads())
+    (lib or ffi.library()).silu_mul(gate_up.data_ptr(), t, two_i // 2, out.data_ptr(), ffi.kernel_threads())
     return out
 
 
@@ -62,4 +62,4 @@ def rope_store(
     d = qkv.shape[1] // (heads + 2 * kv_heads)
     (lib or ffi.library()).rope_store(qkv.data_ptr(), t, heads, kv_heads, d, cos.data_ptr(), sin.data_ptr(),
                                       positions.data_ptr(), loc.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
-                                      ffi.kv_dtype_code(k_buffer.dtype), torch.get_num_threads())
+                                      ffi.kv_dtype_code(k_buffer.dtype), ffi.kernel_threads())

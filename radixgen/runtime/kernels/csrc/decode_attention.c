@@ -15,13 +15,14 @@
 #include "simd_math.h"
 #include "thread_pool.h"
 
-#define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
+#define PREFETCH_AHEAD 32  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
 
 /* Prefetch the `bytes` of one key's head row starting at element `base`. */
 static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int kv) {
     const char *p = (const char *)buf + base * rg_kv_bytes(kv);
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
+
 
 static inline float load1(const void *p, int64_t i, int kv) { return rg_kv_load(p, i, kv); }
 
@@ -35,6 +36,29 @@ static inline __m256 load8(const void *p, int64_t i, int kv) {
 }
 
 #endif
+
+/* max of p[0..n), n >= 1 (vectorized: a scalar max is a 4-cycle dependency chain per key). */
+static float max_of(const float *p, int64_t n) {
+    int64_t s = 0;
+    float max = p[0];
+#if defined(RG_AVX512)
+    if (n >= 16) {
+        __m512 m = _mm512_loadu_ps(p);
+        for (s = 16; s + 16 <= n; s += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(p + s));
+        max = _mm512_reduce_max_ps(m);
+    }
+#elif defined(RG_AVX2)
+    if (n >= 8) {
+        __m256 m = _mm256_loadu_ps(p);
+        for (s = 8; s + 8 <= n; s += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + s));
+        const __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        max = _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+    }
+#endif
+    for (; s < n; s++) max = p[s] > max ? p[s] : max;
+    return max;
+}
 
 /* p[0..n) = exp(p - max), returns their sum. */
 static float exp_sum(float *p, int64_t n, float max) {
@@ -284,8 +308,7 @@ static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
                 heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
                            j->scale, j->kv, scores + g0 * n);
             for (int64_t g = 0; g < G; g++) {
-                float *p = scores + g * n, max = p[0];
-                for (int64_t s = 1; s < n; s++) max = p[s] > max ? p[s] : max;
+                float *p = scores + g * n, max = max_of(p, n);
                 part[g * (2 + D)] = max;
                 part[g * (2 + D) + 1] = exp_sum(p, n, max);
                 memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
