@@ -77,6 +77,15 @@ class TokenBudget:
         self.check_prompt(ids, param)
         return ids
 
+    def max_string_bytes(self) -> int | None:
+        """An upper bound on the bytes of any JSON string a valid request holds (None if unknown): a prompt
+        text of at most max_prompt x max_token_chars characters, a schema, regex or stop string within
+        its limit, each character at most 6 bytes as JSON (a \\uXXXX escape)."""
+        chars = self._max_chars()
+        if chars is None:
+            return None
+        return 6 * max(self.max_prompt * chars, self.opts.max_schema_bytes, self.opts.max_stop_length)
+
     def check_prompt(self, ids: list[int], param: str) -> None:
         if len(ids) > self.max_prompt:
             raise self._too_long(str(len(ids)), param)
