@@ -277,6 +277,14 @@ def test_error_unknown_model_and_route(server, client):
     assert status == 404 and body["error"]["code"] == "not_found"
 
 
+def test_unknown_fields_are_ignored_by_default(client):
+    """As SGLang and vLLM do (the fuzz test's server refuses them with --reject-unknown-fields): the
+    output is the same as without the fields."""
+    plain = chat(client).choices[0].message.content
+    extra = {"store": False, "metadata": {"run": "1"}, "frobnicate": [1, 2]}
+    assert chat(client, extra_body=extra).choices[0].message.content == plain
+
+
 def test_error_context_length(client):
     long = "hello " * 9000
     with pytest.raises(openai.BadRequestError) as e:

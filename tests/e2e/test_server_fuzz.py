@@ -23,7 +23,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-SERVER_ARGS = ("--context-length", "512", "--max-total-tokens", "4096", "--num-threads", "1")
+SERVER_ARGS = ("--context-length", "512", "--max-total-tokens", "4096", "--num-threads", "1",
+               "--reject-unknown-fields")  # as the hosted API; the default ignores them (SGLang, vLLM)
 PLAIN = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12, "temperature": 0}
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 FAST_S = 5.0  # "within a few seconds"
@@ -132,6 +133,9 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("role unknown", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
     ("image content part", CHAT, msg([{"type": "image_url", "image_url": {"url": "x"}}]), 400, "messages"),
     ("unknown field in /generate", "/generate", {"text": "hi", "frobnicate": 1}, 400, "frobnicate"),
+    ("unknown field in chat", CHAT, msg("hi", frobnicate=1), 400, "frobnicate"),
+    ("unknown field in completions", COMPLETIONS, {"prompt": "a", "max_tokens": 2, "best_of_all": 3}, 400,
+     "best_of_all"),
     ("token id out of range", COMPLETIONS, {"prompt": [1, 2, 10**9]}, 400, "prompt"),
     ("negative token id in /generate", "/generate", {"input_ids": [1, -4]}, 400, "input_ids"),
     ("detokenize -1", "/detokenize", {"tokens": [-1]}, 400, "tokens"),

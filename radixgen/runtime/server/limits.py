@@ -7,6 +7,8 @@ a `ServerOptions` field, and a request over one gets a 400 in OpenAI's shape nam
 limit and its flag, with OpenAI's codes (`integer_above_max_value`, `array_above_max_length`,
 `string_above_max_length`). A tool's parameters must be a valid JSON schema whatever `tool_choice`
 is. Fields of the wrong type are left to the route's own validation (pydantic), which names them.
+With `--reject-unknown-fields` a chat or completions body's top-level field the route does not define is
+a 400 (`unknown_field`), as the hosted API answers; by default it is ignored, as SGLang and vLLM do.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from radixgen.runtime.server.options import ServerOptions
-from radixgen.runtime.server.protocol import APIError, bad_request
+from radixgen.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
 
 
 def _flag(name: str) -> str:
@@ -184,8 +188,26 @@ ROUTES: dict[str, Callable[[dict, ServerOptions], None]] = {
 }
 
 
+def _accepted_fields(model: type[BaseModel]) -> frozenset[str]:
+    return frozenset(name for n, f in model.model_fields.items() for name in (n, f.alias) if name)
+
+
+OPENAI_FIELDS = {"/v1/chat/completions": _accepted_fields(ChatCompletionRequest),
+                 "/v1/completions": _accepted_fields(CompletionRequest)}
+
+
 def check_body(path: str, body: Any, opts: ServerOptions) -> None:
-    """Raise a 400 APIError for the first field of `body` over a limit (routes not listed: nothing)."""
+    """Raise a 400 APIError for the first field of `body` over a limit (routes not listed: nothing), or,
+    with `reject_unknown_fields`, for a top-level field an OpenAI route does not define."""
+    if not isinstance(body, dict):
+        return
+    known = OPENAI_FIELDS.get(path)
+    if opts.reject_unknown_fields and known is not None:
+        unknown = next((k for k in body if k not in known), None)
+        if unknown is not None:
+            raise bad_request(f"Unrecognized request argument supplied: {unknown} (this server answers 400 for "
+                              f"fields it does not know: {_flag('reject_unknown_fields')})", unknown,
+                              "unknown_field")
     check = ROUTES.get(path)
-    if check is not None and isinstance(body, dict):
+    if check is not None:
         check(body, opts)

@@ -46,6 +46,9 @@ class ServerOptions:
     """Cut a max_tokens that does not fit the context to the room left, instead of answering 400."""
     public_metrics: bool = False
     """Serve /metrics without the API key (for a Prometheus scraper); /health is always open."""
+    reject_unknown_fields: bool = False
+    """Answer 400 for a top-level field a chat or completions request does not define, as the hosted OpenAI
+    API does (default: ignore it, as SGLang and vLLM do; /generate always refuses unknown fields)."""
     loop_stall_dump: float | None = None
     """Debugging: when the event loop answers nothing for this many seconds, dump every thread's stack to stderr."""
 
