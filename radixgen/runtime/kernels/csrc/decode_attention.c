@@ -15,7 +15,7 @@
 #include "simd_math.h"
 #include "thread_pool.h"
 
-#define PREFETCH_AHEAD 32  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
+#define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
 
 /* Prefetch the `bytes` of one key's head row starting at element `base`. */
 static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int kv) {
