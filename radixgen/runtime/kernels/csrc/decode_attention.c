@@ -23,7 +23,6 @@ static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, in
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
 
-
 static inline float load1(const void *p, int64_t i, int kv) { return rg_kv_load(p, i, kv); }
 
 #ifdef RG_AVX2
