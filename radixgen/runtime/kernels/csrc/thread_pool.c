@@ -12,18 +12,25 @@
  * Items are claimed from a shared counter, and a worker joins a region only while it is open: the
  * caller closes it once every item is claimed and waits only for the workers inside. So a worker
  * the OS has not scheduled costs nothing: the caller runs its share. A worker the OS takes the CPU
- * from while it holds items does cost (the caller waits for the OS to give it back): when a wait
- * is long against the region's own work, the CPU is busy with other work, and the next
- * SOLO_REGIONS regions run on the caller alone, then the workers are tried again (batch-1 decode,
- * 2 threads on 2 cores shared with another ~1.5 cores of load: 28 tok/s waiting on the worker,
- * 110-130 on one thread).
+ * from while it holds items does cost (the caller waits for the OS to give it back). So the caller
+ * keeps a window of its regions (WINDOW_NS of its own work plus waits): a region takes its own
+ * share plus its wait, and alone it would take about twice its share, so when the window's waits
+ * exceed its own work (decided early once MISSES regions waited), or the caller itself waited for
+ * a CPU for over 1/8 of the window (its run delay: the cores are oversubscribed, and its own share
+ * stretched), regions run on the caller alone for SOLO_NS, then the workers are tried again
+ * (batch-1 decode, 2 threads on 2 cores shared with another ~1.5 cores of load: 28 tok/s waiting on
+ * the worker, 110-130 on one thread). One wait alone does not decide: a VM's vCPU misses ~20
+ * slices of 0.1-0.5 ms a second and a few of 5-13 ms, and going solo on each (as this pool once
+ * did, for 512 regions) left batch-1 decode on one thread ~70% of the time.
  * One region runs at a time: a caller that finds the pool busy (another thread's region, or a
  * nested call from inside a region) runs its region alone, so nothing waits on anything else.
  * After fork() the child starts with no workers.
  */
 #include "thread_pool.h"
 
+#include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -44,8 +51,10 @@
 
 #define MAX_WORKERS 255
 #define SPIN_NS 100000 /* how long an idle worker polls for the next region before sleeping */
-#define WAIT_MIN_NS 100000 /* a caller's wait for workers longer than this and than half its own work... */
-#define SOLO_REGIONS 512   /* ...means the workers do not get the CPU: run this many regions alone */
+#define WINDOW_NS 50000000 /* own work + waits over which waits are weighed against own work */
+#define WAIT_NS 50000      /* a wait this long counts as a miss... */
+#define MISSES 8           /* ...and this many in a window with waits over own work decide at once */
+#define SOLO_NS 500000000  /* how long regions run on the caller alone once waits outweighed own work */
 #define CLOSED (1ull << 31)         /* in `state`: the region takes no more workers */
 #define ACTIVE_MASK (CLOSED - 1)    /* in `state`: workers inside the region */
 
@@ -60,7 +69,11 @@ typedef struct {
     void *ctx;
     int64_t n, grain;
     int nthreads;
-    int solo;                    /* regions the lock holder still runs alone */
+    uint64_t solo_until;         /* regions start before this (CLOCK_MONOTONIC ns) run on the caller alone */
+    uint64_t window_own, window_wait; /* the current window's own work and waits for workers (ns) */
+    int window_misses;           /* the current window's waits of WAIT_NS or more */
+    pid_t window_caller;         /* the thread whose regions the window holds */
+    uint64_t window_start, window_delay; /* when the window began, and its caller's run delay then */
 } pool_t;
 
 static pool_t pool = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -125,6 +138,35 @@ static void forget_workers(void) {  /* in a forked child: the workers did not co
     atomic_store(&pool.sleepers, 0);
 }
 
+/* The calling thread's time spent runnable but not running, from the scheduler's statistics
+ * (/proc/thread-self/schedstat: run time, run delay, slices, in ns); 0 where the kernel has none. */
+static uint64_t run_delay_ns(void) {
+    char buf[96];
+    const int fd = open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    const ssize_t got = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (got <= 0) return 0;
+    buf[got] = 0;
+    unsigned long long run = 0, delay = 0;
+    return sscanf(buf, "%llu %llu", &run, &delay) == 2 ? (uint64_t)delay : 0;
+}
+
+static pid_t caller_tid(void) {
+    static __thread pid_t tid;
+    if (tid == 0) tid = (pid_t)syscall(SYS_gettid);
+    return tid;
+}
+
+/* Start a window of the calling thread's regions at `now`. */
+static void open_window(uint64_t now) {
+    pool.window_own = pool.window_wait = 0;
+    pool.window_misses = 0;
+    pool.window_caller = caller_tid();
+    pool.window_start = now;
+    pool.window_delay = run_delay_ns();
+}
+
 static void install_atfork(void) { pthread_atfork(NULL, NULL, forget_workers); }
 
 /* Start workers up to `want` (the lock held); fewer if threads cannot be created. */
@@ -150,12 +192,13 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
         if (n > 0) fn(ctx, 0, n, 0);
         return;
     }
-    if (pool.solo > 0) {
-        pool.solo--;
+    const uint64_t start = now_ns();
+    if (start < pool.solo_until) {
         pthread_mutex_unlock(&pool.lock);
         fn(ctx, 0, n, 0);
         return;
     }
+    if (pool.window_caller != caller_tid()) open_window(start);
     pthread_once(&atfork_once, install_atfork);
     grow(nthreads - 1);
     pool.fn = fn;
@@ -170,7 +213,6 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
     atomic_store(&pool.generation, g);  /* publishes the region (sequentially consistent) */
     if (atomic_load(&pool.sleepers) > 0)
         syscall(SYS_futex, &pool.generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    const uint64_t start = now_ns();
     run_items(0);
     atomic_fetch_or(&pool.state, CLOSED);  /* no worker may enter now; wait for those inside */
     const uint64_t own = now_ns();
@@ -178,7 +220,19 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
         if (spins % 1024 == 0) sched_yield();  /* a worker inside may wait for this core */
         else CPU_RELAX();
     }
-    const uint64_t waited = now_ns() - own;
-    if (waited > WAIT_MIN_NS && waited > (own - start) / 2) pool.solo = SOLO_REGIONS;
+    const uint64_t end = now_ns();
+    pool.window_own += own - start;
+    pool.window_wait += end - own;
+    pool.window_misses += end - own >= WAIT_NS;
+    const int losing = pool.window_wait > pool.window_own;
+    if ((losing && pool.window_misses >= MISSES) || pool.window_own + pool.window_wait >= WINDOW_NS) {
+        const uint64_t delayed = run_delay_ns() - pool.window_delay;
+        if (losing || delayed > (end - pool.window_start) / 8) {
+            pool.solo_until = end + SOLO_NS;
+            pool.window_caller = 0;  /* the first region after opens a new window */
+        } else {
+            open_window(end);
+        }
+    }
     pthread_mutex_unlock(&pool.lock);
 }
