@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from radixgen.runtime.engine import Engine
+from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.executor.worker import attention_share
+from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.threads import on_short_lived_thread, serial_torch_on_this_thread
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
@@ -59,17 +62,39 @@ def test_engine_flush_starts_no_team(tiny_models):
         eng.shutdown()
 
 
-def test_decode_steps_run_torch_serially_and_kernels_in_parallel(engine):
-    """On SmolLM2's GGUF blocks every matrix runs in the C kernels: the worker thread runs a decode
-    step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the core the
-    kernels' worker needs) and other steps on torch's threads; the kernels keep the engine's count."""
+def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
+    """On SmolLM2's GGUF blocks every matrix runs in the C kernels: the worker thread runs a step's
+    torch ops serially (a parallel one left torch's OpenMP worker spinning on the core the kernels'
+    worker needs), except prefill steps whose attention (torch SDPA) is over a tenth of the step's
+    multiply-adds; the kernels keep the engine's count either way."""
     from radixgen.runtime.kernels import ffi
 
     worker = engine.scheduler.worker
-    assert worker.serial_decode
+    assert worker.c_matrices
+    params = {"temperature": 0, "max_new_tokens": 1}
     engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
     assert worker.torch_threads_now == 1  # the last step decoded
-    engine.generate(input_ids=[5, 6, 7, 8, 9], sampling_params={"temperature": 0, "max_new_tokens": 1})
-    assert worker.torch_threads_now == torch.get_num_threads()  # a prefill step, and no decode after it
+    engine.generate(input_ids=[5 + i % 50 for i in range(900)], sampling_params=params)
+    assert worker.torch_threads_now == torch.get_num_threads()  # attention ~13% of a 900-token prefill
+    engine.generate(input_ids=[5 + i % 50 for i in range(300)], sampling_params=params)
+    assert worker.torch_threads_now == 1  # ~5% of a 300-token one
     serial = on_short_lived_thread(lambda: (serial_torch_on_this_thread(), ffi.kernel_threads())[1])
     assert serial == torch.get_num_threads()
+
+
+def test_attention_share_counts_each_query_against_its_keys():
+    """The share against a count of every (query, key) pair one by one, for a mixed step (a prefill
+    continuing a cached prefix, a fresh prompt, a decode row)."""
+    cfg = ModelConfig(arch="llama", vocab_size=100, hidden_size=64, intermediate_size=160, num_layers=2,
+                      num_heads=4, num_kv_heads=2, head_dim=16)
+    prefix_lens, extend_lens = [10, 0, 37], [5, 8, 1]
+    fb = ForwardBatch(input_ids=torch.zeros(14, dtype=torch.int64), positions=torch.zeros(14, dtype=torch.int64),
+                      out_cache_loc=torch.zeros(14, dtype=torch.int64), req_pool_indices=torch.arange(3),
+                      prefix_lens=prefix_lens, extend_lens=extend_lens, logits_indices=torch.arange(3))
+    pairs = 0
+    for p, e in zip(prefix_lens, extend_lens, strict=True):
+        for j in range(e):  # the new token at position p + j sees keys 0 .. p + j
+            pairs += p + j + 1
+    attention = pairs * 2 * 4 * 16  # scores and weighted values, per head
+    per_token = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 160  # q, k and v, o, gate/up/down
+    assert attention_share(fb, cfg) == pytest.approx(attention / (attention + 14 * per_token))

@@ -20,8 +20,10 @@ import torch
 
 from radixgen.common.transfer import to_device
 from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.executor.sampling_rows import SamplingRows
+from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.threads import torch_threads_on_this_thread
 from radixgen.sampling.sampler import Sampler
@@ -30,6 +32,29 @@ from radixgen.sampling.torch_ops import SamplingBatch
 
 def _top_list(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[float, int]]]:
     return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
+
+
+# Attention's share of a step's multiply-adds up to which its torch ops run serially: prefill attention
+# (torch SDPA) then runs on one thread, and the C kernels on all (SmolLM2 on 2 cores, serial / parallel
+# prefill tok/s: 256 tokens (share 4%) 1052-1175 / 774-868, 512 (8%) 966-997 / 883-918, 1024 (14%)
+# 831-890 / 962-974, 2048 (25%) 618 / 738-819).
+SERIAL_ATTENTION_SHARE = 0.1
+
+
+def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
+    """Attention's share of the step's multiply-adds: each new token's query against its keys (the
+    scores and the weighted values), against the per-token matrices (QKV, output, MLP)."""
+    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(fb.prefix_lens, fb.extend_lens, strict=True))
+    attention = 2 * pairs * cfg.num_heads * cfg.head_dim
+    q_kv_o = cfg.hidden_size * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    matrices = sum(fb.extend_lens) * (q_kv_o + 3 * cfg.hidden_size * cfg.intermediate_size)
+    return attention / (attention + matrices)
+
+
+def serial_torch(fb: ForwardBatch, cfg: ModelConfig) -> bool:
+    """Whether the step's torch ops run serially (the model's matrices running in the C kernels):
+    decode steps (their attention runs in C too), and steps whose attention is a small share."""
+    return fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE
 
 
 class ModelWorker:
@@ -43,12 +68,14 @@ class ModelWorker:
         decode_in_c = runner.model.decode_in_c
         # rows up to which a pure-decode step keeps the one-call C path (None: no such limit)
         self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
-        # Decode steps on a model whose matrices all run in the C kernels: the step's torch ops (sampling on
-        # [B, V] logits, residual adds) run serially on this thread. Run in parallel, each left torch's
-        # OpenMP worker spinning for the rest of the step on the core the C kernels' worker needs: the
-        # kernel pool then mostly ran alone (SmolLM2 batch 16 on 2 cores: 36-41 ms a step before, 34-37 ms
-        # after; 31-34 ms with OMP_WAIT_POLICY=PASSIVE, which also quiets the teams of prefill steps).
-        self.serial_decode = decode_in_c is not None
+        # On a model whose matrices all run in the C kernels, a step's torch ops (sampling on [B, V] logits,
+        # residual adds, prefill attention) run serially on this thread unless attention is a large share
+        # of the step (`serial_torch`). Run in parallel, each left torch's OpenMP worker spinning for the
+        # rest of the step on the core the C kernels' worker needs: the kernel pool then mostly ran alone
+        # (SmolLM2 batch 16 on 2 cores: 36-41 ms a step before, 34-37 ms after; 31-34 ms with
+        # OMP_WAIT_POLICY=PASSIVE).
+        self.c_matrices = decode_in_c is not None
+        self.model_config = runner.model_config
         self._torch_threads = torch.get_num_threads()
         self.torch_threads_now = self._torch_threads  # what torch ops on this thread run on now
         self.busy_seconds = 0.0  # time spent on batches, waits for `ready` excluded (written by this thread)
@@ -75,7 +102,7 @@ class ModelWorker:
         if fb.has_placeholders and self._last_ids is not None:
             prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
             fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
-        self._set_torch_threads(1 if self.serial_decode and fb.is_decode else self._torch_threads)
+        self._set_torch_threads(1 if self.c_matrices and serial_torch(fb, self.model_config) else self._torch_threads)
         start = time.perf_counter()
         logits = self.runner.forward(fb)  # [L, V] float32
         out = StepOutput([[] for _ in batch.reqs], [[] for _ in batch.reqs], [[] for _ in batch.reqs])
