@@ -289,11 +289,17 @@ def inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:  # [B] int64
+    """Each row's argmax (the first of equal maxima), for logits [B, V]. `max(-1).indices` is the same
+    index as `argmax(-1)` and ~3x faster on CPU (SmolLM2's [64, 49152] on one thread: 1.7 vs 5.7 ms)."""
+    return logits.max(-1).indices
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None) -> SampleOutput:
     """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None."""
     logits = process_logits(logits, batch, bitmask)  # [B, V]
     if batch.all_greedy:
-        tokens = logits.argmax(-1)  # [B]
+        tokens = greedy_tokens(logits)  # [B]
     else:
         x = logits * batch.inv_temperatures[:, None]  # [B, V]
         x_max = x.amax(-1)  # [B]
@@ -303,7 +309,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | N
             weights.masked_fill_(x < threshold[:, None], 0.0)
         tokens = inverse_cdf(weights, counter_uniform(batch.seeds, batch.steps))
         if batch.any_greedy:
-            tokens = torch.where(batch.greedy_rows, logits.argmax(-1), tokens)
+            tokens = torch.where(batch.greedy_rows, greedy_tokens(logits), tokens)
     return finish_output(tokens, logits, batch)
 
 

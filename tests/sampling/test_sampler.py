@@ -35,3 +35,23 @@ def test_boundary_checks():
         sampler(torch.zeros(3, 10), _batch(2, 10))
     with pytest.raises(ValueError, match="bitmask must be int32"):
         sampler(torch.zeros(2, 10), _batch(2, 10), torch.ones(2, 1, dtype=torch.int64))
+
+
+def test_greedy_tokens_are_argmax_with_ties_infinities_and_nan():
+    """`greedy_tokens` (max's indices, faster on CPU) against torch.argmax: the first of equal
+    maxima, rows of -inf, +inf runs and a NaN (which wins, as in argmax), on 1 and 2 threads."""
+    from radixgen.sampling.torch_ops import greedy_tokens
+
+    g = torch.Generator().manual_seed(0)
+    before = torch.get_num_threads()
+    try:
+        for trial in range(40):
+            x = torch.randint(0, 4, (8, 3000), generator=g).float()  # many ties
+            x[0] = float("-inf")
+            x[1, 5 + trial] = float("nan")
+            x[2, 100 + trial:] = float("inf")
+            x[3] = 3.0
+            torch.set_num_threads(1 + trial % 2)
+            assert torch.equal(greedy_tokens(x), x.argmax(-1)), trial
+    finally:
+        torch.set_num_threads(before)

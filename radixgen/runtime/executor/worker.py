@@ -129,7 +129,9 @@ class ModelWorker:
         sb = SamplingBatch.build(rows.params, rows.output_ids, rows.seeds, self.runner.vocab_size,
                                  self.eos_token_ids, self.runner.device)
         bitmask = to_device(rows.bitmask, self.runner.device) if rows.bitmask is not None else None
-        res = self.sampler(logits[rows.logits_rows], sb, bitmask)  # [S] tokens from [S, V] logits
+        # the step's logits are sampled in place (masks, penalties) when every row is a sampling row, in order
+        every_row = rows.logits_rows == list(range(logits.shape[0]))
+        res = self.sampler(logits if every_row else logits[rows.logits_rows], sb, bitmask)  # [S] from [S, V]
         last = rows.last_rows
         self._last_ids = res.next_token_ids[last] if len(last) < len(rows.params) else res.next_token_ids
         tokens = res.next_token_ids.tolist()
