@@ -129,7 +129,7 @@ class ModelWorker:
         sb = SamplingBatch.build(rows.params, rows.output_ids, rows.seeds, self.runner.vocab_size,
                                  self.eos_token_ids, self.runner.device)
         bitmask = to_device(rows.bitmask, self.runner.device) if rows.bitmask is not None else None
-        # the step's logits are sampled in place (masks, penalties) when every row is a sampling row, in order
+        # every row a sampling row, in order (decode steps): the sampler reads the step's logits, no copy
         every_row = rows.logits_rows == list(range(logits.shape[0]))
         res = self.sampler(logits if every_row else logits[rows.logits_rows], sb, bitmask)  # [S] from [S, V]
         last = rows.last_rows
