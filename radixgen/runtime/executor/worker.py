@@ -75,7 +75,6 @@ class ModelWorker:
         # (SmolLM2 batch 16 on 2 cores: 36-41 ms a step before, 34-37 ms after; 31-34 ms with
         # OMP_WAIT_POLICY=PASSIVE).
         self.c_matrices = decode_in_c is not None
-        self.model_config = runner.model_config
         self._torch_threads = torch.get_num_threads()
         self.torch_threads_now = self._torch_threads  # what torch ops on this thread run on now
         self.busy_seconds = 0.0  # time spent on batches, waits for `ready` excluded (written by this thread)
@@ -102,7 +101,8 @@ class ModelWorker:
         if fb.has_placeholders and self._last_ids is not None:
             prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
             fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
-        self._set_torch_threads(1 if self.c_matrices and serial_torch(fb, self.model_config) else self._torch_threads)
+        serial = self.c_matrices and serial_torch(fb, self.runner.model_config)
+        self._set_torch_threads(1 if serial else self._torch_threads)
         start = time.perf_counter()
         logits = self.runner.forward(fb)  # [L, V] float32
         out = StepOutput([[] for _ in batch.reqs], [[] for _ in batch.reqs], [[] for _ in batch.reqs])
