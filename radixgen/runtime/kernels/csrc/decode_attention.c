@@ -1,7 +1,7 @@
 /* Decode attention on CPU: each request's one new query token attends to all of its tokens' K/V,
  * read in place by KV slot through its req_to_token row (no gathered K/V copy, no padding).
  *
- * Work items (chunks of a request's keys for one KV head; see decode_attention) run on the
+ * Work items (chunks of a request's keys for all its heads; see decode_attention) run on the
  * kernels' threads (thread_pool.c). K/V are float32, bfloat16 or float16 (widened to float32); q and
  * the output are float32. A request's keys all starting with a shared prefix are attended in two
  * parts (shared_prefix_attention: the prefix for every request's queries at once).
@@ -15,7 +15,7 @@
 #include "simd_math.h"
 #include "thread_pool.h"
 
-#define PREFETCH_AHEAD 16  /* keys ahead: slots are scattered, so the hardware prefetcher cannot follow */
+#define PREFETCH_AHEAD 16  /* keys ahead (the next block): slots may be scattered, where the hardware prefetcher cannot follow */
 
 /* Prefetch the `bytes` of one key's head row starting at element `base`. */
 static inline void prefetch_row(const void *buf, int64_t base, int64_t bytes, int kv) {
@@ -103,8 +103,9 @@ static inline __m512 load16(const void *p, int64_t i, int kv) {
 /* scores_g for D % 16 == 0 on 16-float vectors: per key and head one vector of partial products,
  * summed horizontally 16 keys at a time (sum16x16). */
 static inline __attribute__((always_inline)) void scores16_g(const int G, const float *q, const void *k_buf,
-                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                             int64_t row_elems, float scale, int kv, float *scores) {
+                                                             const int64_t *slots, int64_t S, int64_t avail,
+                                                             int64_t hkv, int64_t D, int64_t row_elems, float scale,
+                                                             int kv, float *scores, int64_t stride) {
     const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     const __m512 sc = _mm512_set1_ps(scale);
     __m512 part[GMAX][16];
@@ -116,7 +117,7 @@ static inline __attribute__((always_inline)) void scores16_g(const int G, const 
                 continue;
             }
             const int64_t s = s0 + j, base = slots[s] * row_elems + hkv * hs;
-            if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+            if (s + PREFETCH_AHEAD < avail) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
             __m512 a[GMAX];
             const __m512 k0 = load16(k_buf, base, kv);
             for (int g = 0; g < G; g++) a[g] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D), k0);
@@ -131,28 +132,30 @@ static inline __attribute__((always_inline)) void scores16_g(const int G, const 
             for (int g = 0; g < G; g++) part[g][j] = a[g];
         }
         const __mmask16 keep = (__mmask16)((1u << n) - 1u);
-        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores + g * S + s0, keep, _mm512_mul_ps(sc, sum16x16(part[g])));
+        for (int g = 0; g < G; g++) _mm512_mask_storeu_ps(scores + g * stride + s0, keep, _mm512_mul_ps(sc, sum16x16(part[g])));
     }
 }
 
-/* NV vectors of dims (d0 .. d0 + 16 NV) x G heads of sum_s probs[g, s] * v_s, accumulators in registers. */
+/* NV vectors of dims (d0 .. d0 + 16 NV) x G heads of out[g] += sum_s probs[g, s] * v_s, accumulators in
+ * registers. */
 static inline __attribute__((always_inline)) void values16_dims(const int G, const int NV, const float *probs,
-                                                                const void *v_buf, const int64_t *slots, int64_t S,
+                                                                int64_t stride, const void *v_buf,
+                                                                const int64_t *slots, int64_t S, int64_t avail,
                                                                 int64_t hkv, int64_t D, int64_t d0, int64_t row_elems,
                                                                 int kv, float *out) {
     const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     __m512 a[GMAX][4];
     for (int g = 0; g < G; g++)
-        for (int i = 0; i < NV; i++) a[g][i] = _mm512_setzero_ps();
+        for (int i = 0; i < NV; i++) a[g][i] = _mm512_loadu_ps(out + g * D + d0 + 16 * i);
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * hs + d0;
-        if (d0 == 0 && s + PREFETCH_AHEAD < S)
+        if (d0 == 0 && s + PREFETCH_AHEAD < avail)
             prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
         __m512 v[4];
         for (int i = 0; i < NV; i++) v[i] = load16(v_buf, base + 16 * i, kv);
         const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
         for (int g = 0; g < G; g++) {
-            const __m512 p = _mm512_set1_ps(probs[g * S + s] * vs);
+            const __m512 p = _mm512_set1_ps(probs[g * stride + s] * vs);
             for (int i = 0; i < NV; i++) a[g][i] = _mm512_fmadd_ps(p, v[i], a[g][i]);
         }
     }
@@ -161,24 +164,28 @@ static inline __attribute__((always_inline)) void values16_dims(const int G, con
 }
 
 /* values_g for D % 16 == 0 on 16-float vectors: 64 dims at a time, then the rest. */
-static inline __attribute__((always_inline)) void values16_g(const int G, const float *probs, const void *v_buf,
-                                                             const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                             int64_t row_elems, int kv, float *out) {
+static inline __attribute__((always_inline)) void values16_g(const int G, const float *probs, int64_t stride,
+                                                             const void *v_buf, const int64_t *slots, int64_t S,
+                                                             int64_t avail, int64_t hkv, int64_t D, int64_t row_elems,
+                                                             int kv, float *out) {
     int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) values16_dims(G, 4, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
-    for (; d0 < D; d0 += 16) values16_dims(G, 1, probs, v_buf, slots, S, hkv, D, d0, row_elems, kv, out);
+    for (; d0 + 64 <= D; d0 += 64)
+        values16_dims(G, 4, probs, stride, v_buf, slots, S, avail, hkv, D, d0, row_elems, kv, out);
+    for (; d0 < D; d0 += 16) values16_dims(G, 1, probs, stride, v_buf, slots, S, avail, hkv, D, d0, row_elems, kv, out);
 }
 #endif
 
-/* scores[g * S + s] = scale * dot(q_g, k_s) for g < G heads of one group; each K row is read once. */
+/* scores[g * stride + s] = scale * dot(q_g, k_s) for g < G heads of one group and the S keys at slots;
+ * each K row is read once. Keys up to `avail` from slots are prefetched ahead. */
 static inline __attribute__((always_inline)) void scores_g(const int G, const float *q, const void *k_buf,
-                                                           const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, float scale, int kv, float *scores) {
+                                                           const int64_t *slots, int64_t S, int64_t avail, int64_t hkv,
+                                                           int64_t D, int64_t row_elems, float scale, int kv,
+                                                           float *scores, int64_t stride) {
     const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * hs;
         const float ks = scale * rg_kv_row_scale(k_buf, base, D, kv);
-        if (s + PREFETCH_AHEAD < S) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+        if (s + PREFETCH_AHEAD < avail) prefetch_row(k_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
 #ifdef RG_AVX2
         if (D % 8 == 0) {
             __m256 a[GMAX];
@@ -187,36 +194,40 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
                 const __m256 k = load8(k_buf, base + d, kv);
                 for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + d), k, a[g]);
             }
-            for (int g = 0; g < G; g++) scores[g * S + s] = ks * hsum(a[g]);
+            for (int g = 0; g < G; g++) scores[g * stride + s] = ks * hsum(a[g]);
             continue;
         }
 #endif
         for (int g = 0; g < G; g++) {
             float a = 0.0f;
             for (int64_t d = 0; d < D; d++) a += q[g * D + d] * load1(k_buf, base + d, kv);
-            scores[g * S + s] = ks * a;
+            scores[g * stride + s] = ks * a;
         }
     }
 }
 
-/* out[g] = sum_s probs[g * S + s] * v_s for g < G heads of one group (out zeroed by the caller). */
-static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, const void *v_buf,
-                                                           const int64_t *slots, int64_t S, int64_t hkv, int64_t D,
-                                                           int64_t row_elems, int kv, float *out) {
+/* out[g] += sum_s probs[g * stride + s] * v_s for g < G heads of one group and the S keys at slots. */
+static inline __attribute__((always_inline)) void values_g(const int G, const float *probs, int64_t stride,
+                                                           const void *v_buf, const int64_t *slots, int64_t S,
+                                                           int64_t avail, int64_t hkv, int64_t D, int64_t row_elems,
+                                                           int kv, float *out) {
     const int64_t hs = rg_kv_head_stride(kv, D), bytes = hs * rg_kv_bytes(kv);
 #ifdef RG_AVX2
     if (D % 16 == 0) {
         for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
             __m256 a[GMAX][2];
-            for (int g = 0; g < G; g++) a[g][0] = a[g][1] = _mm256_setzero_ps();
+            for (int g = 0; g < G; g++) {
+                a[g][0] = _mm256_loadu_ps(out + g * D + d0);
+                a[g][1] = _mm256_loadu_ps(out + g * D + d0 + 8);
+            }
             for (int64_t s = 0; s < S; s++) {
                 const int64_t base = slots[s] * row_elems + hkv * hs + d0;
-                if (d0 == 0 && s + PREFETCH_AHEAD < S)
+                if (d0 == 0 && s + PREFETCH_AHEAD < avail)
                     prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
                 const __m256 v0 = load8(v_buf, base, kv), v1 = load8(v_buf, base + 8, kv);
                 const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
                 for (int g = 0; g < G; g++) {
-                    const __m256 p = _mm256_set1_ps(probs[g * S + s] * vs);
+                    const __m256 p = _mm256_set1_ps(probs[g * stride + s] * vs);
                     a[g][0] = _mm256_fmadd_ps(p, v0, a[g][0]);
                     a[g][1] = _mm256_fmadd_ps(p, v1, a[g][1]);
                 }
@@ -231,33 +242,35 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
 #endif
     for (int64_t s = 0; s < S; s++) {
         const int64_t base = slots[s] * row_elems + hkv * hs;
-        if (s + PREFETCH_AHEAD < S) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+        if (s + PREFETCH_AHEAD < avail) prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
         const float vs = rg_kv_row_scale(v_buf, base, D, kv);
         for (int64_t d = 0; d < D; d++) {
             const float v = load1(v_buf, base + d, kv);
-            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * S + s] * vs * v;
+            for (int g = 0; g < G; g++) out[g * D + d] += probs[g * stride + s] * vs * v;
         }
     }
 }
 
-/* Scores (pass 1) or values (pass 2) of heads g0 .. g0 + n (n <= GMAX) with a compile-time head count. */
+/* Scores (pass 1: into out[g * stride + s]) or values (pass 2: added to out[g * D + d], probs[g * stride + s])
+ * of heads g0 .. g0 + n (n <= GMAX) and S keys at slots, with a compile-time head count. */
 static void heads_pass(int pass, int n, const float *q_or_probs, const void *buf, const int64_t *slots, int64_t S,
-                       int64_t hkv, int64_t D, int64_t row_elems, float scale, int kv, float *out) {
+                       int64_t avail, int64_t hkv, int64_t D, int64_t row_elems, float scale, int kv, float *out,
+                       int64_t stride) {
 #ifdef RG_AVX512
-#define WIDE_CASE(N)                                                                                   \
-    if (D % 16 == 0) {                                                                                 \
-        if (pass == 1) scores16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);    \
-        else values16_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                     \
-        return;                                                                                        \
+#define WIDE_CASE(N)                                                                                           \
+    if (D % 16 == 0) {                                                                                         \
+        if (pass == 1) scores16_g(N, q_or_probs, buf, slots, S, avail, hkv, D, row_elems, scale, kv, out, stride); \
+        else values16_g(N, q_or_probs, stride, buf, slots, S, avail, hkv, D, row_elems, kv, out);              \
+        return;                                                                                                \
     }
 #else
 #define WIDE_CASE(N)
 #endif
-#define HEADS_CASE(N)                                                                                  \
-    case N:                                                                                            \
-        WIDE_CASE(N)                                                                                   \
-        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, scale, kv, out);      \
-        else values_g(N, q_or_probs, buf, slots, S, hkv, D, row_elems, kv, out);                       \
+#define HEADS_CASE(N)                                                                                          \
+    case N:                                                                                                    \
+        WIDE_CASE(N)                                                                                           \
+        if (pass == 1) scores_g(N, q_or_probs, buf, slots, S, avail, hkv, D, row_elems, scale, kv, out, stride); \
+        else values_g(N, q_or_probs, stride, buf, slots, S, avail, hkv, D, row_elems, kv, out);                \
         return;
     switch (n) {
         HEADS_CASE(1)
@@ -286,39 +299,55 @@ typedef struct {
     float *out, *lse;
 } attention_job;
 
-/* Items (work unit, KV head): for each chunk of the unit, its scores, softmax statistics and
- * exp-weighted values. A unit's chunks read the same keys (rows of one request verifying drafts), so
- * the keys come from this core's cache after the first; each chunk's arithmetic is the same as alone. */
+/* Heads from h to the end of KV head hkv's group of G, at most GMAX (one heads_pass). */
+static inline int heads_at(int64_t h, int64_t hkv, int64_t G) {
+    const int64_t left = (hkv + 1) * G - h;
+    return (int)(left < GMAX ? left : GMAX);
+}
+
+#define BLOCK_KEYS 16  /* keys that every KV head attends before the next keys: their whole rows are read together */
+
+/* Items (work units): for each chunk of the unit, its heads' scores, softmax statistics and
+ * exp-weighted values. The chunk's keys go BLOCK_KEYS at a time through every KV head, so memory is read
+ * a block of whole K/V rows after another, not one KV head's slice of every key in turn (~25% faster at
+ * 8k keys, which are read from DRAM). A unit's chunks
+ * read the same keys (rows of one request verifying drafts), so the keys come from this core's cache
+ * after the first; each chunk's arithmetic is the same as alone. */
 static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
     const attention_job *j = (const attention_job *)job;
     const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, row = Hkv * rg_kv_head_stride(j->kv, D);
-    float scores[G * CHUNK_KEYS];  /* [G, n] */
+    float scores[H * CHUNK_KEYS];  /* [H, n] */
+    float o[H * D];                /* [H, D] */
     (void)tid;
-    for (int64_t unit_item = begin; unit_item < end; unit_item++) {
-        const int64_t unit = unit_item / Hkv, hkv = unit_item % Hkv;
+    for (int64_t unit = begin; unit < end; unit++) {
         for (int64_t e = j->unit_first[unit]; e < j->unit_first[unit + 1]; e++) {
-            const int64_t chunk = j->unit_chunks[e], item = chunk * Hkv + hkv, b = j->chunk_req[chunk];
+            const int64_t chunk = j->unit_chunks[e], b = j->chunk_req[chunk];
             const int64_t k0 = j->start + (int64_t)j->chunk_idx[chunk] * CHUNK_KEYS;
             const int64_t n = j->seq_lens[b] - k0 < CHUNK_KEYS ? j->seq_lens[b] - k0 : CHUNK_KEYS;
             const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
-            const float *qg = j->q + (b * H + hkv * G) * D;  /* [G, D] */
-            float *part = j->partials + item * G * (2 + D);
-            for (int64_t g0 = 0; g0 < G; g0 += GMAX)
-                heads_pass(1, (int)(G - g0 < GMAX ? G - g0 : GMAX), qg + g0 * D, j->k_buf, slots, n, hkv, D, row,
-                           j->scale, j->kv, scores + g0 * n);
-            for (int64_t g = 0; g < G; g++) {
-                float *p = scores + g * n, max = max_of(p, n);
-                part[g * (2 + D)] = max;
-                part[g * (2 + D) + 1] = exp_sum(p, n, max);
-                memset(part + g * (2 + D) + 2, 0, sizeof(float) * (size_t)D);
+            const float *qb = j->q + b * H * D;  /* [H, D] */
+            float *part = j->partials + chunk * H * (2 + D);
+            for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
+                const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
+                for (int64_t hkv = 0; hkv < Hkv; hkv++)
+                    for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX)
+                        heads_pass(1, heads_at(h, hkv, G), qb + h * D, j->k_buf, slots + s0, m, n - s0, hkv, D, row,
+                                   j->scale, j->kv, scores + h * n + s0, n);
             }
-            for (int64_t g0 = 0; g0 < G; g0 += GMAX) {
-                const int ng = (int)(G - g0 < GMAX ? G - g0 : GMAX);
-                float o[GMAX * D];
-                memset(o, 0, sizeof(float) * (size_t)(ng * D));
-                heads_pass(2, ng, scores + g0 * n, j->v_buf, slots, n, hkv, D, row, 0.0f, j->kv, o);
-                for (int g = 0; g < ng; g++) memcpy(part + (g0 + g) * (2 + D) + 2, o + g * D, sizeof(float) * (size_t)D);
+            for (int64_t h = 0; h < H; h++) {
+                float *p = scores + h * n, max = max_of(p, n);
+                part[h * (2 + D)] = max;
+                part[h * (2 + D) + 1] = exp_sum(p, n, max);
             }
+            memset(o, 0, sizeof(float) * (size_t)(H * D));
+            for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
+                const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
+                for (int64_t hkv = 0; hkv < Hkv; hkv++)
+                    for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX)
+                        heads_pass(2, heads_at(h, hkv, G), scores + h * n + s0, j->v_buf, slots + s0, m, n - s0, hkv, D,
+                                   row, 0.0f, j->kv, o + h * D, n);
+            }
+            for (int64_t h = 0; h < H; h++) memcpy(part + h * (2 + D) + 2, o + h * D, sizeof(float) * (size_t)D);
         }
     }
 }
@@ -356,9 +385,9 @@ static void attention_merge(void *job, int64_t begin, int64_t end, int tid) {
  * request b's keys are slots req_to_token[rows[b] * table_stride + start .. seq_lens[b]) (start: keys
  * before it are attended elsewhere, e.g. a shared prefix). lse (may be NULL): float [B, H], the
  * natural-log sum of exp(scores), to merge with another partial result. H % Hkv == 0.
- * Work is per (chunk of up to CHUNK_KEYS keys, KV head): its heads' scores (K read once for the head
- * group), softmax statistics and exp-weighted sum of V (V read once for the group); each request's
- * chunks then merge by log-sum-exp. Consecutive requests on one req_to_token row (a request and the
+ * Work is per chunk of up to CHUNK_KEYS keys: its heads' scores (K read once for each KV head's group),
+ * softmax statistics and exp-weighted sum of V (V read once for the group); each request's chunks then
+ * merge by log-sum-exp. Consecutive requests on one req_to_token row (a request and the
  * rows verifying its drafts) share their i-th chunks' keys: those chunks form one work item, so the
  * keys are read from memory once and from this core's cache for the others. A request's chunks
  * depend on its length alone, so its result does not depend on its batch-mates or the thread count.
@@ -408,7 +437,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int k
     attention_job job = {q, k_buf, v_buf, kv, req_to_token, rows, seq_lens, table_stride, start, H, Hkv, D, scale,
                          chunk_req, chunk_idx, first_chunk, unit_chunks, unit_first, (float *)(mem + map_bytes), out,
                          lse};
-    rg_parallel(nthreads, units * Hkv, RG_DYNAMIC, attention_chunks, &job);
+    rg_parallel(nthreads, units, RG_DYNAMIC, attention_chunks, &job);
     rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_STATIC, attention_merge, &job);
     return 0;
 }
