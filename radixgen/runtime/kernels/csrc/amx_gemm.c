@@ -210,7 +210,18 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
         for (int j = 0; j < np; j++) unpack_panel(bits, qs + (p0 + j) * panel_bytes, nb, btiles + j * nb * 512);
         if (np == 1) memset(btiles + nb * 512, 0, (size_t)nb * 1024);
         memset(acc, 0, sizeof(float) * (size_t)rows_pad * 32);
+        /* the next pair's weights, a block of each panel per block here: they arrive while the tiles multiply */
+        const int64_t next = pair + 1 < end ? 2 * (pair + 1) : -1, block_bytes = panel_bytes / nb;
         for (int64_t b = 0; b < nb; b++) {
+            if (next >= 0)
+                for (int64_t p = next; p < next + 2 && p < panels; p++) {
+                    const uint8_t *nq = qs + p * panel_bytes + b * block_bytes;
+                    for (int64_t off = 0; off < block_bytes; off += 64) __builtin_prefetch(nq + off);
+                    if (b % 2 == 0) {
+                        __builtin_prefetch(d16 + (p * nb + b) * NR);
+                        if (bits == 4) __builtin_prefetch(m16 + (p * nb + b) * NR);
+                    }
+                }
             TILE_LOAD(B0, btiles + b * 512, 64);
             TILE_LOAD(B1, btiles + (nb + b) * 512, 64);
             __m512 d[2], m[2];
