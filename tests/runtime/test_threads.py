@@ -63,23 +63,29 @@ def test_engine_flush_starts_no_team(tiny_models):
 
 
 def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
-    """On SmolLM2's GGUF blocks every matrix runs in the C kernels: the worker thread runs a step's
-    torch ops serially (a parallel one left torch's OpenMP worker spinning on the core the kernels'
-    worker needs), except prefill steps whose attention (torch SDPA) is over a tenth of the step's
-    multiply-adds; the kernels keep the engine's count either way."""
+    """On SmolLM2's GGUF blocks the matrices run in the C kernels (up to `fast_decode_rows` rows: any
+    number on AMX): the worker thread runs a step's torch ops serially (a parallel one left torch's
+    OpenMP worker spinning on the core the kernels' worker needs), except prefill steps whose attention
+    (torch SDPA) is over a tenth of the step's multiply-adds, and steps with more rows than the C
+    kernels take (their matrices are oneDNN GEMMs: serial, they ran on one core); the kernels keep the
+    engine's count either way."""
     from radixgen.runtime.kernels import ffi
 
     worker = engine.scheduler.worker
-    assert worker.c_matrices
+    limit = worker.fast_decode_rows
+    assert limit is not None
+    team = torch.get_num_threads()
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
     assert worker.torch_threads_now == 1  # the last step decoded
     engine.generate(input_ids=[5 + i % 50 for i in range(900)], sampling_params=params)
-    assert worker.torch_threads_now == torch.get_num_threads()  # attention ~13% of a 900-token prefill
-    engine.generate(input_ids=[5 + i % 50 for i in range(300)], sampling_params=params)
-    assert worker.torch_threads_now == 1  # ~5% of a 300-token one
+    assert worker.torch_threads_now == team  # attention ~13% of a 900-token prefill
+    engine.generate(input_ids=[7 + i % 53 for i in range(300)], sampling_params=params)  # no cached prefix
+    assert worker.torch_threads_now == (1 if 300 <= limit else team)  # ~5% of a 300-token one
+    engine.generate(input_ids=[9 + i % 47 for i in range(8)], sampling_params=params)
+    assert worker.torch_threads_now == 1  # 8 rows: in C on every path
     serial = on_short_lived_thread(lambda: (serial_torch_on_this_thread(), ffi.kernel_threads())[1])
-    assert serial == torch.get_num_threads()
+    assert serial == team
 
 
 def test_attention_share_counts_each_query_against_its_keys():
