@@ -37,6 +37,9 @@
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
 #define LIMBS 3
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
+#endif
 #define LIMB_BASE 254.0f
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
 #ifndef AMX_MIN_ROWS
@@ -134,7 +137,13 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
     __m512 acc[MR];
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
     const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
+    const int64_t block_bytes = bits == 4 ? 256 : 512;
     for (int64_t b = 0; b < nb; b++) {
+        /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
+        const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
+        for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        _mm_prefetch((const char *)(d16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
+        if (bits == 4) _mm_prefetch((const char *)(m16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + b * NR)));
         __m512 m = _mm512_setzero_ps();
         __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned */
