@@ -11,7 +11,9 @@ import torch
 
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
+    WIDE_ROWS,
     block_linear,
+    block_over_dense_time,
     block_rows_limit,
     concat_rows,
     from_gguf,
@@ -108,11 +110,22 @@ def test_zero_rows_on_a_fresh_thread():
 
 
 def test_block_path_row_limit():
-    """Up to BLOCK_MAX_ROWS rows on the vector paths; any number where AMX tiles take the wide ones."""
+    """Any number of rows where AMX tiles take the wide ones; on the vector paths WIDE_ROWS where they
+    compute about as fast as float32 FMAs (timed once at start-up), else BLOCK_MAX_ROWS."""
     amx = library().block_gemm_amx_rows() > 0
-    assert block_rows_limit() == (None if amx else BLOCK_MAX_ROWS)
+    limit = block_rows_limit()
+    assert limit is None if amx else limit in (BLOCK_MAX_ROWS, WIDE_ROWS)
     assert use_blocks(torch.randn(BLOCK_MAX_ROWS, 8))
     assert use_blocks(torch.randn(2048, 8)) == amx
+    if limit is not None:
+        assert use_blocks(torch.randn(limit, 8)) and not use_blocks(torch.randn(limit + 1, 8))
+
+
+def test_block_over_dense_time_times_both_sides():
+    """The start-up probe returns a ratio of two measured times (positive, finite) for any row count."""
+    for rows in (1, 9):
+        ratio = block_over_dense_time(library(), rows=rows, reps=2)
+        assert 0.0 < ratio < float("inf")
 
 
 def test_smollm2_decodes_through_block_weights(smollm2_path):

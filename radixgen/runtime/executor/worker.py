@@ -72,7 +72,7 @@ class ModelWorker:
         # rows up to which a pure-decode step keeps the one-call C path (None: no such limit)
         self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
         # On a model whose matrices run in the C kernels (up to fast_decode_rows rows: any number on AMX,
-        # BLOCK_MAX_ROWS on the vector paths), a step's torch ops (sampling on [B, V] logits, residual adds,
+        # `block_rows_limit()` on the vector paths), a step's torch ops (sampling on [B, V] logits, residual adds,
         # prefill attention) run serially on this thread unless attention is a large share of the step
         # (`serial_torch`). Run in parallel, each left torch's OpenMP worker spinning for the rest of the
         # step on the core the C kernels' worker needs: the kernel pool then mostly ran alone (SmolLM2

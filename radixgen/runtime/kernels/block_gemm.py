@@ -8,9 +8,10 @@ bits: float32's precision; the results match a float32 GEMM on the gguf-dequanti
 ~1e-7 relative). Widening each weight to float32 instead, as this kernel did before, cost ~5x the
 vector instructions: on SmolLM2-135M (one thread, CPU time, Xeon with AVX512-VNNI) one decode row
 through the 210 layer matrices took 15.5 ms that way and takes 9.3 ms now, the Q8_0 head 5.3 -> 3.1
-ms, where the weights' streaming from memory is the bound. `use_blocks` routes up to BLOCK_MAX_ROWS
-rows here. Each output sums its products in one order whatever the row count, so within that range
-a request's logits do not depend on its batch-mates.
+ms, where the weights' streaming from memory is the bound. `use_blocks` routes up to `block_rows_limit()`
+rows here (BLOCK_MAX_ROWS, or WIDE_ROWS where a start-up probe finds the kernel computing about as fast
+as float32 FMAs; any number on AMX). Each output sums its products in one order whatever the row
+count, so within that range a request's logits do not depend on its batch-mates.
 
 The C file is built on first use (`ffi.library()` is None if that fails, and the model then runs
 dense GEMMs only).
@@ -20,15 +21,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from radixgen.runtime.kernels import ffi
+from radixgen.runtime.threads import on_short_lived_thread, serial_torch_on_this_thread
+
+logger = logging.getLogger(__name__)
 
 BLOCK = 32  # weights per block
-BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel's vector paths beat the dense GEMM
+BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel's vector paths beat the dense GEMM everywhere
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 # bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -151,13 +158,70 @@ def library() -> ctypes.CDLL | None:
     return ffi.library()
 
 
+WIDE_ROWS = 64  # rows the block kernel takes where its vector path computes about as fast as float32 FMAs
+PROBE_SHAPE = (1536, 576)  # [n, k] of the Q4_1 weight the start-up comparison times (SmolLM2's MLP)
+# Per row, the block kernel's time over oneDNN's float32 GEMM on one thread (compute alone: the probe's
+# weight stays in cache) up to which the kernel takes WIDE_ROWS rows: in a model the float32 weights
+# stream 4 bytes each from memory, the blocks 0.6. SmolLM2's matrices on AMD Zen 4 (AVX-512 on 256-bit
+# units), 2 threads, block / dense ms: 16 rows 20-32 / 36-45, 32 rows 32-39 / 43-50, 64 rows 63-66 / 75,
+# 128 rows 136-146 / 136-146 (the probe: ~1.0). Intel's server cores run float32 FMAs at twice Zen 4's
+# rate per cycle, the kernel's int8 dot products at the same.
+WIDE_SLOWDOWN_ALLOWED = 1.25
+
+
+def block_over_dense_time(lib: ctypes.CDLL, rows: int = WIDE_ROWS, reps: int = 5) -> float:
+    """The block kernel's vector-path time over oneDNN's float32 GEMM on a prepacked weight (MKL's where
+    oneDNN is missing) to multiply `rows` activation rows by a PROBE_SHAPE Q4_1 weight on this CPU: one
+    thread each (no thread pool in the timing), best of `reps` after a warm-up."""
+    n, k = PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    scale = (torch.rand(n, k // BLOCK, generator=gen) / 64).half().float()
+    w = BlockWeight(4, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen), scale, -8 * scale)
+    panels = pack_panels(w)
+    x, y = torch.randn(rows, k, generator=gen), torch.empty(rows, n)
+
+    def block() -> None:
+        lib.block_gemm(ctypes.byref(panels.struct), x.data_ptr(), rows, k, n, y.data_ptr(), 1)
+
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w.dequantize(), None)
+        dense = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    else:
+        weight = w.dequantize()
+        dense = lambda: torch.nn.functional.linear(x, weight)
+
+    def best(run: Callable[[], object]) -> float:
+        run()  # untimed: first touches of scratch buffers, oneDNN's primitive cache
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    def timed() -> float:
+        serial_torch_on_this_thread()
+        return best(block) / best(dense)
+
+    return on_short_lived_thread(timed)
+
+
 @functools.cache
 def block_rows_limit() -> int | None:
     """Most activation rows for which the block kernel beats a dense float32 GEMM: None (any number)
-    where it runs on AMX tiles from `block_gemm_amx_rows()` rows on, else BLOCK_MAX_ROWS (its vector
-    paths; above that oneDNN's float32 GEMM is faster)."""
+    where it runs on AMX tiles from `block_gemm_amx_rows()` rows on; WIDE_ROWS where its vector path
+    computes within WIDE_SLOWDOWN_ALLOWED of float32 FMAs (`block_over_dense_time`, timed once); else
+    BLOCK_MAX_ROWS."""
     lib = library()
-    return None if lib is not None and lib.block_gemm_amx_rows() > 0 else BLOCK_MAX_ROWS
+    if lib is None:
+        return BLOCK_MAX_ROWS
+    if lib.block_gemm_amx_rows() > 0:
+        return None
+    ratio = block_over_dense_time(lib)
+    limit = WIDE_ROWS if ratio <= WIDE_SLOWDOWN_ALLOWED else BLOCK_MAX_ROWS
+    logger.info("block kernel / float32 GEMM time per row on this CPU: %.2f; block kernel up to %d rows",
+                ratio, limit)
+    return limit
 
 
 def use_blocks(x: torch.Tensor) -> bool:

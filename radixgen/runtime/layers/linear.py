@@ -8,7 +8,7 @@
   batch 16 79 -> 42 ms, batch 256 573 -> 395 ms; bf16 batch 1 30.6 -> 17.4 ms).
 - `BlockLinear`: GGUF Q4_0/Q4_1/Q8_0 blocks in the block kernel's panels (`kernels/block_gemm.py`)
   for float32 rows on CPU: every batch size where the kernel has AMX tiles (the dense weight is then
-  freed), else up to BLOCK_MAX_ROWS rows, larger inputs (prefill) going to its dense or packed fallback.
+  freed), else up to `block_rows_limit()` rows, larger inputs (prefill) going to its dense or packed fallback.
 
 Every representation computes x @ W^T (+ bias) for x [M, in] -> [M, out].
 """
