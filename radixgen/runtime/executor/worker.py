@@ -69,7 +69,8 @@ class ModelWorker:
         self.sampler = Sampler(config.sampling_backend, runner.device)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
         decode_in_c = runner.model.decode_in_c
-        # rows up to which a pure-decode step keeps the one-call C path (None: no such limit)
+        # rows up to which the model's matrices run in the C kernels, and a pure-decode step keeps the
+        # one-call C path (None: the model has no C path)
         self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
         # On a model whose matrices run in the C kernels (up to fast_decode_rows rows: any number on AMX,
         # `block_rows_limit()` on the vector paths), a step's torch ops (sampling on [B, V] logits, residual adds,

@@ -35,7 +35,7 @@ from radixgen.runtime.threads import on_short_lived_thread, serial_torch_on_this
 logger = logging.getLogger(__name__)
 
 BLOCK = 32  # weights per block
-BLOCK_MAX_ROWS = 20  # activation rows up to which the block kernel's vector paths beat the dense GEMM everywhere
+BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 # bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}

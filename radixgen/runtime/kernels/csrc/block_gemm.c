@@ -37,9 +37,7 @@
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
 #define LIMBS 3
-#ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
-#endif
 #define LIMB_BASE 254.0f
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
 #ifndef AMX_MIN_ROWS
