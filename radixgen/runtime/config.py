@@ -57,6 +57,13 @@ class EngineConfig:
     disable_block_kernels: bool = False
     """Decode GGUF Q4_0/Q4_1/Q8_0 models through dense float32 copies of the weights instead of
     float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
+    wide_matmul_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Matrix products of long prompt chunks (more tokens than the GGUF block kernel's row limit, which
+    the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX):
+    auto picks bfloat16 where the CPU has bf16 dot products (avx512_bf16; prefill ~1.5x faster on AMD
+    Zen 4), else float32. bfloat16 moves those tokens' logits by up to ~0.8 on SmolLM2 Q4_1 (HF's own
+    bfloat16 model: ~1.0; greedy outputs can change); decode rows and shorter chunks stay float32 in
+    the block kernel, whatever the batch. float32 sends whole steps past the limit to float32 GEMMs."""
     speculative_algorithm: Literal["none", "ngram"] = "none"
     """Speculative decoding: ngram proposes drafts by prompt lookup (the request's own prompt and
     output) and verifies them in the same forward as the step's other rows; outputs are exactly
@@ -113,6 +120,8 @@ class EngineConfig:
             ("dtype", self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
             ("kv_cache_dtype", self.kv_cache_dtype in ("auto", "float32", "bfloat16", "float16", "int8"),
              "auto, float32, bfloat16, float16 or int8"),
+            ("wide_matmul_dtype", self.wide_matmul_dtype in ("auto", "float32", "bfloat16"),
+             "auto, float32 or bfloat16"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
             ("grammar_backend", self.grammar_backend in ("llguidance", "xgrammar", "outlines"),
              "llguidance, xgrammar or outlines"),

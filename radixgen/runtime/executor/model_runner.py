@@ -16,6 +16,8 @@ from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels import ffi, layer_ops
+from radixgen.runtime.kernels.block_gemm import block_rows_limit
+from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention import get_attention_backend
 from radixgen.runtime.layers.linear import can_pack, can_use_blocks
 from radixgen.runtime.layers.parallel import TensorParallel
@@ -28,6 +30,14 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cache/kv_quant.py)
+
+
+def wide_matmul_dtype(setting: str) -> torch.dtype:
+    """The dtype wide steps run a GGUF model's matrices in (`EngineConfig.wide_matmul_dtype`): auto is
+    bfloat16 where the CPU has bf16 dot products, float32 elsewhere."""
+    if setting == "auto":
+        return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & cpu_flags() else torch.float32
+    return DTYPES[setting]
 
 
 class ModelRunner:
@@ -63,8 +73,9 @@ class ModelRunner:
         if (path.suffix == ".gguf" and tp is None and not config.disable_block_kernels
                 and can_use_blocks(self.device, self.dtype)):
             blocks = load_gguf_blocks(path, model_config)
+        wide = wide_matmul_dtype(config.wide_matmul_dtype) if blocks is not None else self.dtype
         self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
-                              c_kernels=layer_ops.available(self.device, self.dtype))
+                              c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide)
         logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
                     model_config.num_layers, model_config.vocab_size)
         mc = model_config
@@ -79,10 +90,13 @@ class ModelRunner:
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
-        logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices, one-call C "
+        limit = block_rows_limit() if blocks is not None else None
+        wide_rule = f"prompt chunks past {limit} tokens" if self.model.long_extend_min else f"steps past {limit} rows"
+        logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "
                     "decode %s, CUDA graphs %s", model_config.arch, config.dtype,
                     str(self.kv_dtype).removeprefix("torch."), self.device, self.attention.name,
                     ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
+                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN)",
                     "on" if self.model.decode_in_c is not None else "off",
                     "on" if self.decode_graphs is not None else "off")
 

@@ -230,9 +230,10 @@ def use_blocks(x: torch.Tensor) -> bool:
     return (limit is None or x.shape[0] <= limit) and x.dtype == torch.float32 and x.device.type == "cpu"
 
 
-def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """x [M, k] float32 (CPU) @ W^T -> [M, n] float32. `lib`: the kernel library to run (default
-    the native one; tests pass the scalar reference)."""
+def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, k] float32 (CPU) @ W^T -> [M, n] float32, into `out` when given (contiguous). `lib`: the
+    kernel library to run (default the native one; tests pass the scalar reference)."""
     n, k = w.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32:
         raise ValueError(f"block_linear: x must be float32 [M, {k}], got {x.dtype} {list(x.shape)}")
@@ -240,7 +241,9 @@ def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None
     if lib is None:
         raise RuntimeError("block_linear: the block kernel could not be built (see the log)")
     x = x.contiguous()
-    y = torch.empty((x.shape[0], n), dtype=torch.float32)
+    y = torch.empty((x.shape[0], n), dtype=torch.float32) if out is None else out
+    if y.shape != (x.shape[0], n) or y.dtype != torch.float32 or not y.is_contiguous():
+        raise ValueError(f"block_linear: out must be a contiguous float32 [{x.shape[0]}, {n}] tensor")
     rc = lib.block_gemm(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), ffi.kernel_threads())
     if rc != 0:
         raise RuntimeError(f"block_gemm failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")

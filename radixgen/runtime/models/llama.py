@@ -21,12 +21,19 @@ from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels.block_gemm import BlockWeight, concat_rows
+from radixgen.runtime.kernels.block_gemm import BlockWeight, block_rows_limit, concat_rows
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
-from radixgen.runtime.layers.linear import BlockLinear, DenseLinear, Linear, specialize
+from radixgen.runtime.layers.linear import (
+    BlockLinear,
+    DenseLinear,
+    Linear,
+    long_extend_runs,
+    specialize,
+    wide_rows,
+)
 from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
 from radixgen.runtime.layers.parallel import (
     RowParallelLinear,
@@ -113,10 +120,13 @@ class LlamaModel(nn.Module):
         self.lm_head: Linear = head if tp is None else VocabParallelHead(head, tp.comm, config.vocab_size)
         self.rotary = Rotary(config.inv_freq(), max_len)
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
+        self.long_extend_min: int | None = None  # extends longer than this take lower-precision fallbacks
 
-    def specialize(self, pack: bool, blocks: dict[str, BlockWeight] | None, c_kernels: bool) -> None:
+    def specialize(self, pack: bool, blocks: dict[str, BlockWeight] | None, c_kernels: bool,
+                   wide_dtype: torch.dtype | None = None) -> None:
         """Pick the representations to run in (once, after loading): oneDNN-packed matrices
-        (`pack`), GGUF-block copies for small batches (`blocks`, HF names), C per-token ops."""
+        (`pack`), GGUF-block copies for small batches (`blocks`, HF names; wider batches run their
+        packed fallback in `wide_dtype`, default the model's), C per-token ops."""
         blocks = blocks or {}
         if blocks and self.tp is not None:
             raise ValueError("GGUF block weights are not sharded: tensor-parallel ranks run dense shards")
@@ -126,12 +136,14 @@ class LlamaModel(nn.Module):
                 owner = layer.get_submodule(parent) if parent else layer
                 found = [blocks.get(f"model.layers.{i}.{n}.weight") for n, _, _ in specs]
                 fused = concat_rows(found) if all(found) else None
-                setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack))
+                setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack, wide_dtype=wide_dtype))
             if c_kernels:
                 layer.use_c_kernels()
         tied = self.config.tie_word_embeddings
         head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
-        self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied)
+        self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied, wide_dtype=wide_dtype)
+        if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
+            self.long_extend_min = block_rows_limit()
 
     @property
     def block_weight_count(self) -> int:
@@ -179,8 +191,10 @@ class LlamaModel(nn.Module):
             ctx = ForwardContext(fb, pool, backend, meta, self.rotary)
             if not all(layer.attn.rope_in_c for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
-            for layer in self.layers:
-                h = layer(h, ctx)
+            long = self.long_extend_min
+            with wide_rows(() if long is None else long_extend_runs(fb.extend_lens, long)):
+                for layer in self.layers:
+                    h = layer(h, ctx)
         h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]
 
@@ -209,12 +223,13 @@ class LlamaModel(nn.Module):
                     _dense(layer.get_submodule(path)).weight.copy_(torch.cat(parts))
 
 
-def _specialize(m: Linear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False) -> Linear:
+def _specialize(m: Linear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False,
+                wide_dtype: torch.dtype | None = None) -> Linear:
     """`specialize` for a plain matrix or for the matrix inside a tensor-parallel wrapper."""
     if isinstance(m, ShardedLinear):
-        m.inner = specialize(m.inner, blocks, pack, keep_dense)
+        m.inner = specialize(m.inner, blocks, pack, keep_dense, wide_dtype)
         return m
-    return specialize(m, blocks, pack, keep_dense)
+    return specialize(m, blocks, pack, keep_dense, wide_dtype)
 
 
 def _copy_rows(param: torch.Tensor, rows: torch.Tensor) -> None:

@@ -1,0 +1,98 @@
+"""`wide_matmul_dtype`: long prompt chunks of the float32 GGUF model through bfloat16 oneDNN copies of
+its matrices, every other row through the float32 block kernel.
+
+Oracles: HF transformers on the same GGUF (float32 logits within the tolerance EngineConfig states,
+and no further on average than HF's own bfloat16 model), and the same requests run alone (a short
+request's logits in a step beside a long chunk are float32's)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from radixgen.runtime.config import EngineConfig
+from radixgen.runtime.executor.forward_batch import make_forward_batch
+from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.kernels import ffi
+from radixgen.runtime.kernels.block_gemm import block_rows_limit
+from radixgen.runtime.layers.linear import BlockLinear, long_extend_runs
+from tests.runtime.test_model_logits import ATOL, PROMPT, Seq
+
+LONG_TEXT = (
+    "Rivers shape the land they cross. Over thousands of years a river cuts a valley, carries sand and "
+    "gravel downstream, and builds a delta where it meets the sea. Farmers settled along rivers because "
+    "floods left fertile soil behind, and cities grew where a river could be crossed or where boats could "
+    "unload their goods. Today engineers build dams to store water for dry seasons and to turn turbines "
+    "that make electricity, while ecologists study how fish find their way upstream to spawn. A river also "
+    "changes with the seasons: in spring, melting snow swells it, and in late summer it can shrink to a "
+    "narrow stream between wide banks of dry stones. Writers and painters have long used rivers as symbols "
+    "of time, of journeys, and of borders between one life and the next."
+)
+# max |logit - HF float32 logit| over LONG_TEXT's tokens (measured 0.76; HF's own bfloat16 model: 1.03)
+WIDE_BF16_LOGIT_TOLERANCE = 1.0
+
+pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the block kernels")
+
+
+def _runner(path, wide: str) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(path), max_total_tokens=2048, max_running_requests=4,
+                                    wide_matmul_dtype=wide))
+
+
+def _extend_together(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
+    """New requests prefilled in one step; logits of each one's last token [len(prompts), V]."""
+    pool, kv = runner.req_to_token_pool, runner.token_to_kv_pool
+    slots, locs = [pool.alloc() for _ in prompts], [kv.alloc(len(p)) for p in prompts]
+    for slot, loc in zip(slots, locs, strict=True):
+        pool.write(slot, 0, loc)
+    fb = make_forward_batch(prompts, [0] * len(prompts), slots, torch.cat(locs), table_update=pool.take_updates())
+    return runner.forward(fb)
+
+
+def test_long_extends_run_bfloat16_within_tolerance(smollm2_path, hf_smollm2):
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    runner = _runner(smollm2_path, "bfloat16")
+    if block_rows_limit() is None:  # AMX: the block kernel takes every row, there is no fallback to convert
+        assert runner.model.long_extend_min is None
+        assert all(m.fallback is None for m in runner.model.modules() if isinstance(m, BlockLinear))
+        return
+    ids = load_tokenizer().encode(LONG_TEXT)
+    assert len(ids) > runner.model.long_extend_min
+    with torch.no_grad():
+        ref = hf_smollm2(torch.tensor([ids])).logits[0].float()  # [T, V]
+        hf_bf16 = copy.deepcopy(hf_smollm2).to(torch.bfloat16)(torch.tensor([ids])).logits[0].float()
+    diff = (Seq(runner).extend(ids, all_logits=True) - ref).abs()
+    assert diff.max().item() > ATOL  # the chunk took the bfloat16 matrices, not the float32 ones
+    assert diff.max().item() <= WIDE_BF16_LOGIT_TOLERANCE
+    assert diff.mean().item() <= (hf_bf16 - ref).abs().mean().item()
+    exact = (Seq(_runner(smollm2_path, "float32")).extend(ids, all_logits=True) - ref).abs().max().item()
+    assert exact <= ATOL
+
+
+def test_short_rows_beside_a_long_chunk_stay_float32(smollm2_path):
+    """A short prompt prefilled in the same step as a long one gets the logits it gets alone, within
+    the float32 batching tolerance (seen: 4e-5, from attention; bfloat16 rows would move them ~1e-1),
+    and the long one its own too."""
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    long_ids, short_ids = tok.encode(LONG_TEXT), tok.encode(PROMPT)
+    runner = _runner(smollm2_path, "bfloat16")
+    together = _extend_together(runner, [short_ids, long_ids])
+    runner = _runner(smollm2_path, "bfloat16")
+    alone = torch.cat([_extend_together(runner, [short_ids]), _extend_together(runner, [long_ids])])
+    torch.testing.assert_close(together, alone, rtol=0, atol=2e-4)
+
+
+def test_long_extend_runs_merge_adjacent_requests():
+    # requests of 3, 100, 200, 1 and 80 new tokens, long from 64: rows 3..303 and 304..384
+    assert long_extend_runs([3, 100, 200, 1, 80], 64) == ((3, 303), (304, 384))
+    assert long_extend_runs([64, 1, 1], 64) == ()
+
+
+def test_wide_matmul_dtype_is_checked():
+    with pytest.raises(ValueError, match="wide_matmul_dtype"):
+        EngineConfig(wide_matmul_dtype="float16")
