@@ -63,17 +63,18 @@ def test_engine_flush_starts_no_team(tiny_models):
 
 
 def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
-    """On SmolLM2's GGUF blocks the matrices run in the C kernels (up to `fast_decode_rows` rows: any
-    number on AMX): the worker thread runs a step's torch ops serially (a parallel one left torch's
-    OpenMP worker spinning on the core the kernels' worker needs), except prefill steps whose attention
-    (torch SDPA) is over a tenth of the step's multiply-adds, and steps with more rows than the C
-    kernels take (their matrices are oneDNN GEMMs: serial, they ran on one core); the kernels keep the
-    engine's count either way."""
+    """On SmolLM2's GGUF blocks the matrices run in the C kernels (up to `block_rows_limit()` rows,
+    any number on AMX, and every row but long chunks' where those run bfloat16 GEMMs): the worker
+    thread runs a step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the
+    core the kernels' worker needs), except prefill steps whose attention (torch SDPA) is over a tenth
+    of the step's multiply-adds, and steps whose matrices are oneDNN GEMMs (serial, they ran on one
+    core); the kernels keep the engine's count either way."""
     from radixgen.runtime.kernels import ffi
+    from radixgen.runtime.kernels.block_gemm import block_rows_limit
 
     worker = engine.scheduler.worker
-    limit = worker.fast_decode_rows
-    assert limit is not None
+    limit = block_rows_limit()
+    assert worker.fast_decode_rows is not None
     team = torch.get_num_threads()
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
@@ -81,9 +82,12 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     engine.generate(input_ids=[5 + i % 50 for i in range(900)], sampling_params=params)
     assert worker.torch_threads_now == team  # attention ~13% of a 900-token prefill
     engine.generate(input_ids=[7 + i % 53 for i in range(300)], sampling_params=params)  # no cached prefix
-    assert worker.torch_threads_now == (1 if 300 <= limit else team)  # ~5% of a 300-token one
+    assert worker.torch_threads_now == (1 if limit is None else team)  # ~5% of a 300-token one
     engine.generate(input_ids=[9 + i % 47 for i in range(8)], sampling_params=params)
     assert worker.torch_threads_now == 1  # 8 rows: in C on every path
+    engine.generate(input_ids=[[100 + i, 5, 6, 7, 8, 9] for i in range(30)], sampling_params=params)
+    in_c = limit is None or engine.runner.model.long_extend_min is not None  # 180 rows of short prompts
+    assert worker.torch_threads_now == (1 if in_c else team)
     serial = on_short_lived_thread(lambda: (serial_torch_on_this_thread(), ffi.kernel_threads())[1])
     assert serial == team
 

@@ -51,13 +51,11 @@ def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
     return attention / (attention + matrices)
 
 
-def serial_torch(fb: ForwardBatch, cfg: ModelConfig, c_rows: int) -> bool:
-    """Whether the step's torch ops run serially: steps whose matrices all run in the C kernels (up to
-    `c_rows` rows; above that they are torch GEMMs, which need the team) that are decode steps (their
-    attention runs in C too) or whose attention is a small share."""
-    if fb.input_ids.shape[0] > c_rows:
-        return False
-    return fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE
+def serial_torch(fb: ForwardBatch, cfg: ModelConfig, matrices_in_c: bool) -> bool:
+    """Whether the step's torch ops run serially: steps whose matrices all run in the C kernels
+    (`matrices_in_c`; otherwise some are oneDNN GEMMs, which need the team) that are decode steps
+    (their attention runs in C too) or whose attention is a small share."""
+    return matrices_in_c and (fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE)
 
 
 class ModelWorker:
@@ -72,14 +70,15 @@ class ModelWorker:
         # rows up to which the model's matrices run in the C kernels, and a pure-decode step keeps the
         # one-call C path (None: the model has no C path)
         self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
-        # On a model whose matrices run in the C kernels (up to fast_decode_rows rows: any number on AMX,
-        # `block_rows_limit()` on the vector paths), a step's torch ops (sampling on [B, V] logits, residual adds,
+        # On a model whose matrices run in the C kernels (`LlamaModel.matrices_in_c`: up to
+        # `block_rows_limit()` rows on the vector paths, any number on AMX or in a step without a long
+        # chunk where those take bfloat16 GEMMs), a step's torch ops (sampling on [B, V] logits, residual adds,
         # prefill attention) run serially on this thread unless attention is a large share of the step
         # (`serial_torch`). Run in parallel, each left torch's OpenMP worker spinning for the rest of the
         # step on the core the C kernels' worker needs: the kernel pool then mostly ran alone (SmolLM2
         # batch 16 on 2 cores: 36-41 ms a step before, 34-37 ms after; 31-34 ms with
-        # OMP_WAIT_POLICY=PASSIVE). Steps with more rows run their matrices as oneDNN GEMMs, which need
-        # the team: serial, they ran on one core (AMD Zen 4, no AMX: prefill of 256 tokens 394-413 ->
+        # OMP_WAIT_POLICY=PASSIVE). Other steps run matrices as oneDNN GEMMs, which need the team:
+        # serial, they ran on one core (AMD Zen 4, no AMX: prefill of 256 tokens 394-413 ->
         # 621-721 tok/s, batch-64 decode 241-260 -> 364-407 tok/s once they got it back).
         self._torch_threads = torch.get_num_threads()
         self.torch_threads_now = self._torch_threads  # what torch ops on this thread run on now
@@ -107,8 +106,7 @@ class ModelWorker:
         if fb.has_placeholders and self._last_ids is not None:
             prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
             fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
-        rows = self.fast_decode_rows
-        serial = rows is not None and serial_torch(fb, self.runner.model_config, rows)
+        serial = serial_torch(fb, self.runner.model_config, self.runner.model.matrices_in_c(fb.extend_lens))
         self._set_torch_threads(1 if serial else self._torch_threads)
         start = time.perf_counter()
         logits = self.runner.forward(fb)  # [L, V] float32

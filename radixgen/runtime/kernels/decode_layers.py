@@ -11,13 +11,12 @@ The model assembles the layers (`LlamaModel.bind_kv_pool`); this module knows no
 from __future__ import annotations
 
 import ctypes
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from radixgen.runtime.kernels import ffi
-from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit
+from radixgen.runtime.kernels.block_gemm import PanelWeight
 
 
 @dataclass
@@ -47,8 +46,8 @@ class DecodeDims:
 class DecodeLayers:
     """The layer array of one model over one KV pool, and the call that runs a decode step on it."""
 
-    def __init__(self, layers: list[LayerWeights], dims: DecodeDims) -> None:
-        self.max_rows = block_rows_limit() or sys.maxsize  # decode rows up to which the block GEMMs apply
+    def __init__(self, layers: list[LayerWeights], dims: DecodeDims, max_rows: int) -> None:
+        self.max_rows = max_rows  # decode rows up to which the block GEMMs apply
         ptr = lambda t: t.data_ptr()  # noqa: E731
         self.layers = layers  # holds the tensors the structs point to
         self.table = (ffi.LayerC * len(layers))(*[

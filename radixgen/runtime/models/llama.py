@@ -16,6 +16,8 @@ all-reduces between layers cannot happen inside one C call); every other path is
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -167,7 +169,18 @@ class LlamaModel(nn.Module):
         a, mlp = self.layers[0].attn, self.layers[0].mlp
         dims = DecodeDims(a.num_heads, a.num_kv_heads, a.head_dim, mlp.down.in_features, self.config.rms_norm_eps,
                           a.scale)
-        self.decode_in_c = DecodeLayers(weights, dims)
+        limit = None if self.long_extend_min is not None else block_rows_limit()
+        self.decode_in_c = DecodeLayers(weights, dims, limit or sys.maxsize)
+
+    def matrices_in_c(self, extend_lens: list[int]) -> bool:
+        """Whether every matrix row of a step whose requests extend by `extend_lens` runs in the C block
+        kernel (a model with the one-call C decode): up to its row limit, at any number of rows on AMX,
+        and where long chunks take bfloat16 GEMMs, in any step without one."""
+        if self.decode_in_c is None:
+            return False
+        if self.long_extend_min is not None:
+            return all(n <= self.long_extend_min for n in extend_lens)
+        return sum(extend_lens) <= self.decode_in_c.max_rows
 
     @torch.inference_mode()
     def forward(
