@@ -130,6 +130,12 @@ def _sdpa_call(
     seq = prefix + extend
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
     b, s_max, e_max = len(extend_lens), max(seq_lens), max(extend_lens)
+    # One request continuing a cached prefix (a long prompt's later chunks): the prefix for every query
+    # and its own keys causally, two flash calls merged by log-sum-exp, as the cascade below; one masked
+    # call would compute every (query, key) pair, the causal half too.
+    if b == 1 and e_max > 1 and prefix_lens[0] >= SHARED_PREFIX_MIN and device.type == "cpu":
+        row = req_to_token[req_pool_indices[0]]
+        return SdpaCall(rows, row[prefix_lens[0] : s_max][None], None, None, None, True, 1, row[: prefix_lens[0]])
     c = _shared_prefix(req_to_token, req_pool_indices, prefix_lens)
     shared = req_to_token[req_pool_indices[0], :c] if c else None  # [C]
     key_pos = torch.arange(c, s_max, device=device)  # [S] positions of the keys this call gathers
@@ -238,7 +244,7 @@ def _cascade(
     o1 = o1.view(h_kv, group, b, e, d).permute(2, 0, 1, 3, 4).reshape(b, h, e, d)  # [B, H, E, D]
     lse1 = lse1.view(h_kv, group, b, e).permute(2, 0, 1, 3).reshape(b, h, e)  # [B, H, E]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [B, H, S, D]
-    o2, lse2 = flash(qb, k, v, 0.0, False, attn_mask=call.attn_mask, scale=scale)  # [B, H, E, D], [B, H, E]
+    o2, lse2 = flash(qb, k, v, 0.0, call.is_causal, attn_mask=call.attn_mask, scale=scale)  # [B, H, E, D], [B, H, E]
     lse = torch.logaddexp(lse1, lse2)  # [B, H, E]
     w1, w2 = (lse1 - lse).exp()[..., None], (lse2 - lse).exp()[..., None]  # [B, H, E, 1]
     return (o1 * w1 + o2 * w2).to(qb.dtype)
