@@ -87,11 +87,11 @@ def _naive_attention(q, k_buffer, v_buffer, r2t_rows, prefix_lens, extend_lens, 
 
 
 @pytest.mark.parametrize("h,h_kv", [(4, 4), (6, 2)])
-@pytest.mark.parametrize("extend_lens", [[1, 1, 1], [1, 1, 1, 1], [5, 1, 9], [3, 7], [9], [2]], ids=str)
+@pytest.mark.parametrize("extend_lens", [[1, 1, 1], [1, 1, 1, 1], [5, 1, 9], [3, 7], [70]], ids=str)
 def test_shared_prefix_cascade_matches_naive(h, h_kv, extend_lens):
     """Requests whose KV rows start with the same slots take the cascade path (shared part once,
-    merged by log-sum-exp), as does one request extending a cached prefix (its prefix, then its own
-    keys causally); results equal a naive per-request softmax."""
+    merged by log-sum-exp), as does one request extending a cached prefix by a long chunk (its prefix,
+    then its own keys causally); results equal a naive per-request softmax."""
     from radixgen.runtime.executor.forward_batch import make_forward_batch
     from radixgen.runtime.layers.attention.torch_backend import SHARED_PREFIX_MIN, AttentionMetadata, attention
 

@@ -133,7 +133,7 @@ def _sdpa_call(
     # One request continuing a cached prefix (a long prompt's later chunks): the prefix for every query
     # and its own keys causally, two flash calls merged by log-sum-exp, as the cascade below; one masked
     # call would compute every (query, key) pair, the causal half too.
-    if b == 1 and e_max > 1 and prefix_lens[0] >= SHARED_PREFIX_MIN and device.type == "cpu":
+    if b == 1 and min(e_max, prefix_lens[0]) >= SHARED_PREFIX_MIN and device.type == "cpu":
         row = req_to_token[req_pool_indices[0]]
         return SdpaCall(rows, row[prefix_lens[0] : s_max][None], None, None, None, True, 1, row[: prefix_lens[0]])
     c = _shared_prefix(req_to_token, req_pool_indices, prefix_lens)
