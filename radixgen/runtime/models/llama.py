@@ -144,6 +144,8 @@ class LlamaModel(nn.Module):
         tied = self.config.tie_word_embeddings
         head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
         self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied, wide_dtype=wide_dtype)
+        if isinstance(self.lm_head, BlockLinear) and self.lm_head.long_extends_only:
+            self.lm_head.fallback = None  # the head runs outside `wide_rows`: the block kernel takes all its rows
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
             self.long_extend_min = block_rows_limit()
 
