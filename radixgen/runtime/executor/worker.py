@@ -67,8 +67,8 @@ class ModelWorker:
         self.sampler = Sampler(config.sampling_backend, runner.device)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
         decode_in_c = runner.model.decode_in_c
-        # rows up to which the model's matrices run in the C kernels, and a pure-decode step keeps the
-        # one-call C path (None: the model has no C path)
+        # rows up to which a pure-decode step keeps the one-call C path (None: the model has none); the
+        # speculator keeps verifying steps within it
         self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
         # On a model whose matrices run in the C kernels (`LlamaModel.matrices_in_c`: up to
         # `block_rows_limit()` rows on the vector paths, any number on AMX or in a step without a long
