@@ -179,7 +179,7 @@ def test_decode_layers(libs, shared):
                            k_bufs[i], v_bufs[i], weight((heads + 2 * kv_heads) * d, hidden, 10 * i),
                            weight(hidden, heads * d, 10 * i + 1), weight(2 * inter, hidden, 10 * i + 2),
                            weight(hidden, inter, 10 * i + 3)) for i in range(2)]
-    step = DecodeLayers(layers, DecodeDims(heads, kv_heads, d, inter, 1e-5, d**-0.5))
+    step = DecodeLayers(layers, DecodeDims(heads, kv_heads, d, inter, 1e-5, d**-0.5), max_rows=batch)
     own = [4, 9, 1]
     table = torch.zeros(batch, 32, dtype=torch.int64)
     slots = torch.randperm(n_slots - 1, generator=g) + 1
