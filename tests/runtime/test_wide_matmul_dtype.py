@@ -15,8 +15,10 @@ import torch
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.forward_batch import make_forward_batch
 from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
+from radixgen.runtime.layers.attention.torch_backend import ExtendCall, SdpaCall
 from radixgen.runtime.layers.linear import BlockLinear, long_extend_runs
 from tests.runtime.test_model_logits import ATOL, PROMPT, Seq
 
@@ -85,6 +87,27 @@ def test_short_rows_beside_a_long_chunk_stay_float32(smollm2_path):
     runner = _runner(smollm2_path, "bfloat16")
     alone = torch.cat([_extend_together(runner, [short_ids]), _extend_together(runner, [long_ids])])
     torch.testing.assert_close(together, alone, rtol=0, atol=2e-4)
+
+
+def test_long_extends_attend_in_bfloat16_where_the_cpu_has_it(smollm2_path):
+    """The requests whose GEMMs take bfloat16 (longer than long_extend_min) go to the bfloat16 C prompt
+    attention, the others to float32 SDPA; with float32 GEMMs every request stays float32."""
+    runner = _runner(smollm2_path, "bfloat16")
+    long = runner.model.long_extend_min
+    if long is None or not c_extend.available(runner.kv_dtype):
+        assert runner.attention.bf16_extend_min is None
+        return
+    assert runner.attention.bf16_extend_min == long
+    prompts = [[1] * 10, [2] * (long + 1), [3] * long]
+    fb = make_forward_batch(prompts, [0, 0, 0], [0, 1, 2], torch.arange(1, 1 + sum(map(len, prompts))))
+    calls = runner.attention.init_metadata(fb, runner.req_to_token_pool.req_to_token).calls
+    assert [type(c) for c in calls] == [SdpaCall, ExtendCall]
+    assert calls[1].extend_lens.tolist() == [long + 1]
+    assert calls[1].rows.tolist() == list(range(10, 11 + long))
+    f32 = _runner(smollm2_path, "float32")
+    assert f32.attention.bf16_extend_min is None
+    f32_calls = f32.attention.init_metadata(fb, f32.req_to_token_pool.req_to_token).calls
+    assert all(isinstance(c, SdpaCall) for c in f32_calls)
 
 
 def test_long_extend_runs_merge_adjacent_requests():

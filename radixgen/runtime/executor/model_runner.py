@@ -90,13 +90,16 @@ class ModelRunner:
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
+        long = self.model.long_extend_min  # long prompt chunks' attention in bfloat16 too, where the CPU has it
+        bf16_attention = long is not None and self.attention.use_bf16_long_extends(long, self.kv_dtype)
         limit = block_rows_limit() if blocks is not None else None
-        wide_rule = f"prompt chunks past {limit} tokens" if self.model.long_extend_min else f"steps past {limit} rows"
+        wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"
         logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "
                     "decode %s, CUDA graphs %s", model_config.arch, config.dtype,
                     str(self.kv_dtype).removeprefix("torch."), self.device, self.attention.name,
                     ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
-                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN)",
+                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN"
+                    f"{', attention bfloat16 C' if bf16_attention else ''})",
                     "on" if self.model.decode_in_c is not None else "off",
                     "on" if self.decode_graphs is not None else "off")
 

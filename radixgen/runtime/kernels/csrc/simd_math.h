@@ -5,6 +5,7 @@
  *   RG_AVX2        AVX2 + FMA (+ F16C): 8-float vectors; int8 dot products by vpmaddubsw
  *   RG_AVXVNNI     AVX-VNNI: 256-bit vpdpbusd (e.g. Alder Lake, Sierra Forest)
  *   RG_AVX512      AVX-512 F/BW/VL/DQ with AVX512-VNNI: 16-float vectors, 512-bit vpdpbusd
+ *   RG_AVX512BF16  AVX512-BF16: vdpbf16ps, pairs of bfloat16 products summed in float32
  *   RG_AMX         AMX tiles with bf16 dot products (and AVX512-BF16): the matrix units
  *
  * -DRADIXGEN_SCALAR turns all of them off: the plain C reference every path is tested against.
@@ -26,6 +27,9 @@
 #if defined(RG_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define RG_AVX512 1
+#endif
+#if defined(RG_AVX512) && defined(__AVX512BF16__)
+#define RG_AVX512BF16 1
 #endif
 #if defined(RG_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
     defined(__linux__)

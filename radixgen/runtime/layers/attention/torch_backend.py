@@ -4,7 +4,8 @@ Each request's new queries attend causally to its cached prefix plus its own new
 path gathers every request's K/V through its `req_to_token` row into a padded [B, S, ...] tensor once
 per layer and runs one batched scaled_dot_product_attention with a mask built once per step (no
 Python loop over requests inside the layer loop). On CPU, decode rows instead go to our C kernel
-(`kernels/decode_attention.py`), which reads K/V in place.
+(`kernels/decode_attention.py`), which reads K/V in place, and so do long prompt chunks where the
+model runs them in bfloat16 (`kernels/extend_attention.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from radixgen.common.transfer import to_device
 from radixgen.radix_cache import kv_quant
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels import decode_attention as c_attention
+from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.layers.attention.base import AttentionBackend
 
 
@@ -56,6 +58,23 @@ class DecodeCall:
 
 
 @dataclass
+class ExtendCall:
+    """Long prompt chunks attended in bfloat16 by the C kernel (`kernels/extend_attention.py`)."""
+
+    rows: torch.Tensor | None  # [n] rows of the flat sequence (None: all, in order)
+    req_to_token: torch.Tensor  # [R, L] int64
+    req_rows: torch.Tensor  # [b] int64 each request's row in req_to_token
+    prefix_lens: torch.Tensor  # [b] int64
+    extend_lens: torch.Tensor  # [b] int64
+
+    @classmethod
+    def build(cls, rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+              prefix_lens: list[int], extend_lens: list[int]) -> ExtendCall:
+        return cls(rows, req_to_token, req_rows, torch.tensor(prefix_lens, dtype=torch.int64),
+                   torch.tensor(extend_lens, dtype=torch.int64))
+
+
+@dataclass
 class AttentionMetadata:
     """Per-step index tensors shared by all layers.
 
@@ -71,30 +90,40 @@ class AttentionMetadata:
     With `c_decode`, decode requests go to the C kernel instead of SDPA (CPU, float32/bf16 K/V);
     a prefix they all share is attended by batched GEMMs for all of them at once and merged
     (`kernels/decode_attention.shared_prefix_decode_attention`).
+
+    With `bf16_extend_min`, requests extending by more tokens (long prompt chunks, whose GEMMs the
+    model runs in bfloat16) go to the bfloat16 C prompt attention; the others keep float32.
     """
 
-    calls: list[SdpaCall | DecodeCall]
+    calls: list[SdpaCall | DecodeCall | ExtendCall]
 
     @classmethod
-    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False) -> AttentionMetadata:
+    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False,
+              bf16_extend_min: int | None = None) -> AttentionMetadata:
         device = req_to_token.device
-        decode = [i for i, e in enumerate(fb.extend_lens) if e == 1]
+        lens = fb.extend_lens
+        decode = [i for i, e in enumerate(lens) if e == 1]
+        long = [] if bf16_extend_min is None else [i for i, e in enumerate(lens) if e > max(bf16_extend_min, 1)]
         if len(decode) == fb.batch_size and c_decode:
             return cls([DecodeCall.build(None, req_to_token, fb.req_pool_indices, fb.prefix_lens)])
-        if not decode or len(decode) == fb.batch_size:
-            return cls([_sdpa_call(fb.prefix_lens, fb.extend_lens, fb.req_pool_indices, None, req_to_token)])
-        extend = [i for i, e in enumerate(fb.extend_lens) if e > 1]
-        starts = [0, *itertools.accumulate(fb.extend_lens)][:-1]
-        calls: list[SdpaCall | DecodeCall] = []
-        for group in (decode, extend):
-            rows = [r for i in group for r in range(starts[i], starts[i] + fb.extend_lens[i])]
+        if len(long) == fb.batch_size:
+            return cls([ExtendCall.build(None, req_to_token, fb.req_pool_indices, fb.prefix_lens, lens)])
+        if not long and (not decode or len(decode) == fb.batch_size):
+            return cls([_sdpa_call(fb.prefix_lens, lens, fb.req_pool_indices, None, req_to_token)])
+        short = [i for i, e in enumerate(lens) if e > 1 and i not in long]
+        starts = [0, *itertools.accumulate(lens)][:-1]
+        calls: list[SdpaCall | DecodeCall | ExtendCall] = []
+        for group in filter(None, (decode, short, long)):
+            rows = [r for i in group for r in range(starts[i], starts[i] + lens[i])]
             req_idx = to_device(torch.tensor(group, dtype=torch.int64), device)  # [b]
             req_rows, row_index = fb.req_pool_indices.index_select(0, req_idx), to_device(torch.tensor(rows), device)
-            prefix_lens = [fb.prefix_lens[i] for i in group]
+            prefix_lens, extend_lens = [fb.prefix_lens[i] for i in group], [lens[i] for i in group]
             if group is decode and c_decode:
                 calls.append(DecodeCall.build(row_index, req_to_token, req_rows, prefix_lens))
-                continue
-            calls.append(_sdpa_call(prefix_lens, [fb.extend_lens[i] for i in group], req_rows, row_index, req_to_token))
+            elif group is long:
+                calls.append(ExtendCall.build(row_index, req_to_token, req_rows, prefix_lens, extend_lens))
+            else:
+                calls.append(_sdpa_call(prefix_lens, extend_lens, req_rows, row_index, req_to_token))
         return cls(calls)
 
 
@@ -181,8 +210,11 @@ def attention(
     return out
 
 
-def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall,
+def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: SdpaCall | DecodeCall | ExtendCall,
          scale: float) -> torch.Tensor:  # [n, H * D]
+    if isinstance(call, ExtendCall):
+        return c_extend.extend_attention_bf16(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
+                                              call.prefix_lens, call.extend_lens, scale)
     if isinstance(call, DecodeCall) and call.shared is not None:
         return c_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                                             call.seq_lens, call.shared, scale)
@@ -252,15 +284,23 @@ def _cascade(
 
 class TorchAttention(AttentionBackend):
     """SDPA over gathered K/V; with `c_decode`, decode rows read K/V in place in C (CPU) and a
-    pure-decode step is offered to the model's one-call C decode (`decode_step`)."""
+    pure-decode step is offered to the model's one-call C decode (`decode_step`); with
+    `bf16_extend_min` set (`use_bf16_long_extends`), long prompt chunks go to the bfloat16 C kernel."""
 
     name = "torch"
 
     def __init__(self, c_decode: bool) -> None:
         self.c_decode = c_decode
+        self.bf16_extend_min: int | None = None
+
+    def use_bf16_long_extends(self, min_len: int, kv_dtype: torch.dtype) -> bool:
+        if not (self.c_decode and c_extend.available(kv_dtype)):
+            return False
+        self.bf16_extend_min = min_len
+        return True
 
     def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
-        return AttentionMetadata.build(fb, req_to_token, c_decode=self.c_decode)
+        return AttentionMetadata.build(fb, req_to_token, c_decode=self.c_decode, bf16_extend_min=self.bf16_extend_min)
 
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:

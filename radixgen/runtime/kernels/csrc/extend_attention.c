@@ -1,0 +1,266 @@
+/* Prompt (extend) attention in bfloat16 on CPU: each request's new queries attend causally to its
+ * cached prefix and to its own new keys, K/V read in place through its req_to_token row.
+ *
+ * For long prompt chunks, whose GEMMs run in bfloat16 too (EngineConfig.wide_matmul_dtype): the
+ * queries (times the scale), keys, values and softmax weights are rounded to bfloat16 and their
+ * products summed in float32 by vdpbf16ps (AVX512-BF16: 32 multiply-adds per instruction, twice a
+ * float32 FMA's); scores, softmax statistics and the output stay float32. Long prefill is mostly
+ * attention (7,000 tokens of SmolLM2: 1.7 TFLOP of it against 1.5 of GEMMs).
+ *
+ * Per request, K and V are packed per KV head in the dot-product layout first (32-bit lanes holding
+ * two bfloat16: K by blocks of 16 keys, a lane per key and a word per dimension pair; V by key pairs,
+ * a lane per dimension). Then each work item (QT positions x the G query heads of one KV head) runs
+ * flash attention over blocks of KB keys up to its causal limit: scores for 4 rows x 64 keys in
+ * registers, the online softmax, and the weighted values for 4 rows x 64 dimensions in registers.
+ * A request's result depends on its own lengths alone, not on its batch-mates or the thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "radixgen_kernels.h"
+#include "scratch.h"
+#include "simd_math.h"
+#include "thread_pool.h"
+
+#ifdef RG_AVX512BF16
+#define QT 8     /* query positions per work item */
+#define KB 64    /* keys per block of the flash loop (4 vectors of scores per row) */
+#define RB 4     /* query rows per register block */
+#define MAX_D 256
+#define MAX_G 16
+
+typedef struct {
+    const float *q;  /* [T, H, D]: the requests' rows in order */
+    const void *k_buf, *v_buf;
+    int kv;
+    const int64_t *req_to_token, *rows, *prefix_lens, *extend_lens;
+    int64_t table_stride, B, H, Hkv, D;
+    float scale;
+    const int64_t *q_first;    /* [B] each request's first row in q / out */
+    const int64_t *pack_first; /* [B] each request's first packed word */
+    const int64_t *item_first; /* [B + 1] each request's first work item (of the running phase) */
+    uint32_t *pack;
+    float *out; /* [T, H, D] */
+} extend_job;
+
+static inline int64_t padded_keys(int64_t S) { return (S + KB - 1) / KB * KB; }
+
+/* The request of work item `item` (item_first is ascending). */
+static inline int64_t request_of(const extend_job *j, int64_t item) {
+    int64_t b = 0;
+    while (j->item_first[b + 1] <= item) b++;
+    return b;
+}
+
+/* dst[0 .. D) = bfloat16 of the K or V head row at element base. */
+static inline void row_bf16(const void *buf, int64_t base, int64_t D, int kv, uint16_t *dst) {
+    for (int64_t d = 0; d < D; d += 16) {
+        __m512 x;
+        if (kv == RG_KV_F32) x = _mm512_loadu_ps((const float *)buf + base + d);
+        else {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)buf + base + d));
+            x = kv == RG_KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        }
+        _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(x));
+    }
+}
+
+/* Pack items (request, KV head, block of 16 keys): the block's K words [D/2][16] and V words
+ * [8 key pairs][D/16][16]; keys past the request's end are zeros (their scores are masked). */
+static void pack_items(void *job, int64_t begin, int64_t end, int tid) {
+    const extend_job *j = (const extend_job *)job;
+    const int64_t D = j->D, Hkv = j->Hkv, DP = D / 2, DB = D / 16, row = Hkv * D;
+    uint16_t kr[16][MAX_D], vr[16][MAX_D];
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t b = request_of(j, item), local = item - j->item_first[b];
+        const int64_t S = j->prefix_lens[b] + j->extend_lens[b], blocks = padded_keys(S) / 16;
+        const int64_t hkv = local / blocks, jb = local % blocks;
+        const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride;
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t key = jb * 16 + l;
+            if (key < S) {
+                row_bf16(j->k_buf, slots[key] * row + hkv * D, D, j->kv, kr[l]);
+                row_bf16(j->v_buf, slots[key] * row + hkv * D, D, j->kv, vr[l]);
+            } else {
+                memset(kr[l], 0, sizeof(uint16_t) * (size_t)D);
+                memset(vr[l], 0, sizeof(uint16_t) * (size_t)D);
+            }
+        }
+        uint32_t *kp = j->pack + j->pack_first[b] + (hkv * blocks + jb) * DP * 16;
+        uint32_t *vp = j->pack + j->pack_first[b] + (Hkv + hkv) * blocks * DP * 16 + jb * DP * 16;
+        for (int64_t p = 0; p < DP; p++)
+            for (int64_t l = 0; l < 16; l++) kp[p * 16 + l] = kr[l][2 * p] | (uint32_t)kr[l][2 * p + 1] << 16;
+        for (int64_t jp = 0; jp < 8; jp++)
+            for (int64_t d = 0; d < D; d++)
+                vp[(jp * DB + d / 16) * 16 + d % 16] = vr[2 * jp][d] | (uint32_t)vr[2 * jp + 1][d] << 16;
+    }
+}
+
+static inline __m512bh pair_bcast(uint32_t w) { return (__m512bh)_mm512_set1_epi32((int)w); }
+
+/* sc[r][0 .. KB) = scores of rows r < R4 (a multiple of RB) against one block of KB packed keys. */
+static void block_scores(const uint32_t *qp, int64_t R4, const uint32_t *kp, int64_t DP, float *sc) {
+    for (int64_t r0 = 0; r0 < R4; r0 += RB) {
+        __m512 acc[RB][KB / 16];
+        for (int i = 0; i < RB; i++)
+            for (int c = 0; c < KB / 16; c++) acc[i][c] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < DP; p++) {
+            __m512bh k[KB / 16];
+            for (int c = 0; c < KB / 16; c++) k[c] = (__m512bh)_mm512_loadu_si512(kp + (c * DP + p) * 16);
+            for (int i = 0; i < RB; i++) {
+                const __m512bh qb = pair_bcast(qp[(r0 + i) * DP + p]);
+                for (int c = 0; c < KB / 16; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], qb, k[c]);
+            }
+        }
+        for (int i = 0; i < RB; i++)
+            for (int c = 0; c < KB / 16; c++) _mm512_storeu_ps(sc + (r0 + i) * KB + c * 16, acc[i][c]);
+    }
+}
+
+/* o[r][d0*16 ..] += sum over the block's keys of weights pw[r] x V, NC vectors of dims from d0. */
+static inline __attribute__((always_inline)) void block_values_dims(const int NC, const uint32_t *pw, int64_t r0,
+                                                                    const uint32_t *vp, int64_t DB, int64_t d0,
+                                                                    int64_t D, float *o) {
+    __m512 acc[RB][4];
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NC; c++) acc[i][c] = _mm512_loadu_ps(o + (r0 + i) * D + (d0 + c) * 16);
+    for (int64_t jp = 0; jp < KB / 2; jp++) {
+        __m512bh v[4];
+        for (int c = 0; c < NC; c++) v[c] = (__m512bh)_mm512_loadu_si512(vp + (jp * DB + d0 + c) * 16);
+        for (int i = 0; i < RB; i++) {
+            const __m512bh pb = pair_bcast(pw[(r0 + i) * (KB / 2) + jp]);
+            for (int c = 0; c < NC; c++) acc[i][c] = _mm512_dpbf16_ps(acc[i][c], pb, v[c]);
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(o + (r0 + i) * D + (d0 + c) * 16, acc[i][c]);
+}
+
+static void block_values(const uint32_t *pw, int64_t R4, const uint32_t *vp, int64_t DB, int64_t D, float *o) {
+    for (int64_t r0 = 0; r0 < R4; r0 += RB) {
+        int64_t d0 = 0;
+        for (; d0 + 4 <= DB; d0 += 4) block_values_dims(4, pw, r0, vp, DB, d0, D, o);
+        for (; d0 < DB; d0++) block_values_dims(1, pw, r0, vp, DB, d0, D, o);
+    }
+}
+
+/* Attend items (request, tile of QT positions, KV head), the last tiles (the most keys) first. */
+static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
+    const extend_job *j = (const extend_job *)job;
+    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, DP = D / 2, DB = D / 16;
+    uint32_t qp[QT * MAX_G * MAX_D / 2];
+    float o[QT * MAX_G * MAX_D], sc[QT * MAX_G * KB], m[QT * MAX_G], l[QT * MAX_G];
+    uint16_t pw[QT * MAX_G * KB];
+    (void)tid;
+    for (int64_t item = begin; item < end; item++) {
+        const int64_t b = request_of(j, item), local = item - j->item_first[b];
+        const int64_t P = j->prefix_lens[b], E = j->extend_lens[b], blocks = padded_keys(P + E) / 16;
+        const int64_t tiles = (E + QT - 1) / QT, tile = tiles - 1 - local / Hkv, hkv = local % Hkv;
+        const int64_t t0 = tile * QT, nt = E - t0 < QT ? E - t0 : QT, R = nt * G, R4 = (R + RB - 1) / RB * RB;
+        const uint32_t *kpack = j->pack + j->pack_first[b] + hkv * blocks * DP * 16;
+        const uint32_t *vpack = j->pack + j->pack_first[b] + (Hkv + hkv) * blocks * DP * 16;
+        for (int64_t r = 0; r < R4; r++) {  /* row r: position t0 + r / G, head hkv * G + r % G */
+            m[r] = -INFINITY;
+            l[r] = 0.0f;
+            memset(o + r * D, 0, sizeof(float) * (size_t)D);
+            if (r >= R) {
+                memset(qp + r * DP, 0, sizeof(uint32_t) * (size_t)DP);
+                continue;
+            }
+            const float *qr = j->q + ((j->q_first[b] + t0 + r / G) * H + hkv * G + r % G) * D;
+            for (int64_t p = 0; p < DP; p++)
+                qp[r * DP + p] = rg_float_to_bf16(qr[2 * p] * j->scale) |
+                                 (uint32_t)rg_float_to_bf16(qr[2 * p + 1] * j->scale) << 16;
+        }
+        const int64_t kend = P + t0 + nt;  /* keys this tile's last position sees */
+        for (int64_t j0 = 0; j0 < kend; j0 += KB) {
+            block_scores(qp, R4, kpack + j0 * DP, DP, sc);
+            if (j0 + KB - 1 > P + t0)  /* the causal edge: key j0 + k is visible to position t iff j0 + k <= P + t */
+                for (int64_t r = 0; r < R4; r++) {
+                    const int64_t first_hidden = P + t0 + (r < R ? r / G : 0) + 1 - j0;
+                    for (int64_t k = first_hidden < 0 ? 0 : first_hidden; k < KB; k++) sc[r * KB + k] = -INFINITY;
+                }
+            for (int64_t r = 0; r < R4; r++) {  /* online softmax; key 0 (the first block) is visible to all rows */
+                float *s = sc + r * KB;
+                __m512 mx = _mm512_loadu_ps(s);
+                for (int c = 1; c < KB / 16; c++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + c * 16));
+                const float top = fmaxf(m[r], _mm512_reduce_max_ps(mx));
+                const float alpha = expf(m[r] - top);
+                const __m512 t = _mm512_set1_ps(top);
+                __m512 sum = _mm512_setzero_ps();
+                for (int c = 0; c < KB / 16; c++) {
+                    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + c * 16), t));
+                    sum = _mm512_add_ps(sum, e);
+                    _mm256_storeu_si256((__m256i *)(pw + r * KB + c * 16), (__m256i)_mm512_cvtneps_pbh(e));
+                }
+                l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
+                m[r] = top;
+                if (alpha != 1.0f) {
+                    const __m512 a = _mm512_set1_ps(alpha);
+                    for (int64_t d = 0; d < D; d += 16)
+                        _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(a, _mm512_loadu_ps(o + r * D + d)));
+                }
+            }
+            block_values((const uint32_t *)pw, R4, vpack + j0 * DP, DB, D, o);
+        }
+        for (int64_t r = 0; r < R; r++) {
+            float *dst = j->out + ((j->q_first[b] + t0 + r / G) * H + hkv * G + r % G) * D;
+            const float inv = 1.0f / l[r];
+            for (int64_t d = 0; d < D; d++) dst[d] = o[r * D + d] * inv;
+        }
+    }
+}
+
+int extend_attention_bf16_available(void) { return 1; }
+
+int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
+                          int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
+                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                          float *out, int nthreads) {
+    if (B < 1 || Hkv <= 0 || H % Hkv != 0 || H / Hkv > MAX_G || D % 16 != 0 || D > MAX_D || nthreads < 1 ||
+        kv == RG_KV_I8)
+        return -1;
+    int64_t words = 0, pack_items_n = 0, attend_items_n = 0;
+    for (int64_t b = 0; b < B; b++) {
+        if (extend_lens[b] < 1 || prefix_lens[b] < 0 || prefix_lens[b] + extend_lens[b] > table_stride) return -1;
+        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b]);
+        words += 2 * Hkv * Sp * D / 2;
+        pack_items_n += Hkv * Sp / 16;
+        attend_items_n += Hkv * ((extend_lens[b] + QT - 1) / QT);
+    }
+    const size_t map_bytes = ((size_t)(4 * B + 2) * 8 + 63) / 64 * 64;
+    uint8_t *mem = (uint8_t *)rg_scratch(RG_SCRATCH_EXTEND, map_bytes + sizeof(uint32_t) * (size_t)words);
+    if (mem == NULL) return -1;
+    int64_t *q_first = (int64_t *)mem, *pack_first = q_first + B, *pack_items_first = pack_first + B;
+    int64_t *attend_first = pack_items_first + B + 1;
+    for (int64_t b = 0, t = 0, w = 0; b < B; b++) {
+        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b]);
+        q_first[b] = t;
+        pack_first[b] = w;
+        pack_items_first[b] = b ? pack_items_first[b - 1] + Hkv * padded_keys(prefix_lens[b - 1] + extend_lens[b - 1]) / 16 : 0;
+        attend_first[b] = b ? attend_first[b - 1] + Hkv * ((extend_lens[b - 1] + QT - 1) / QT) : 0;
+        t += extend_lens[b];
+        w += Hkv * Sp * D;
+    }
+    pack_items_first[B] = pack_items_n;
+    attend_first[B] = attend_items_n;
+    extend_job job = {q, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
+                      scale, q_first, pack_first, pack_items_first, (uint32_t *)(mem + map_bytes), out};
+    rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
+    job.item_first = attend_first;
+    rg_parallel(nthreads, attend_items_n, RG_DYNAMIC, attend_items, &job);
+    return 0;
+}
+#else
+int extend_attention_bf16_available(void) { return 0; }
+
+int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
+                          int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
+                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
+                          float *out, int nthreads) {
+    (void)q, (void)k_buf, (void)v_buf, (void)kv, (void)req_to_token, (void)table_stride, (void)rows;
+    (void)prefix_lens, (void)extend_lens, (void)B, (void)H, (void)Hkv, (void)D, (void)scale, (void)out, (void)nthreads;
+    return -1;
+}
+#endif
