@@ -61,9 +61,10 @@ class EngineConfig:
     """Matrix products of long prompt chunks (more tokens than the GGUF block kernel's row limit, which
     the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX):
     auto picks bfloat16 where the CPU has bf16 dot products (avx512_bf16; prefill ~1.5x faster on AMD
-    Zen 4), else float32. bfloat16 moves those tokens' logits by up to ~0.8 on SmolLM2 Q4_1 (HF's own
-    bfloat16 model: ~1.0; greedy outputs can change); decode rows and shorter chunks stay float32 in
-    the block kernel, whatever the batch. float32 sends whole steps past the limit to float32 GEMMs."""
+    Zen 4), else float32; with AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel:
+    prefill of 7,000 tokens ~1.5x faster again). bfloat16 moves those tokens' logits by up to ~0.8 on
+    SmolLM2 Q4_1 (HF's own bfloat16 model: ~1.0; greedy outputs can change); decode rows and shorter
+    chunks stay float32, whatever the batch. float32 sends whole steps past the limit to float32 GEMMs."""
     speculative_algorithm: Literal["none", "ngram"] = "none"
     """Speculative decoding: ngram proposes drafts by prompt lookup (the request's own prompt and
     output) and verifies them in the same forward as the step's other rows; outputs are exactly
