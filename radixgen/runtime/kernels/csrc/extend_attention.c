@@ -149,9 +149,10 @@ static void block_values(const uint32_t *pw, int64_t R4, const uint32_t *vp, int
 static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
     const extend_job *j = (const extend_job *)job;
     const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, DP = D / 2, DB = D / 16;
-    uint32_t qp[QT * MAX_G * MAX_D / 2];
-    float o[QT * MAX_G * MAX_D], sc[QT * MAX_G * KB], m[QT * MAX_G], l[QT * MAX_G];
-    uint16_t pw[QT * MAX_G * KB];
+    const int64_t rows_max = (QT * G + RB - 1) / RB * RB;
+    uint32_t qp[rows_max * DP];                            /* [rows, D/2] bfloat16 pairs of q * scale */
+    float o[rows_max * D], sc[rows_max * KB], m[rows_max], l[rows_max];  /* output, scores, max, sum */
+    uint16_t pw[rows_max * KB];                            /* [rows, KB] bfloat16 softmax weights */
     (void)tid;
     for (int64_t item = begin; item < end; item++) {
         const int64_t b = request_of(j, item), local = item - j->item_first[b];
