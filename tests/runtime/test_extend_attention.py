@@ -73,6 +73,14 @@ def test_each_request_is_independent_of_its_batch_mates():
     assert torch.equal(both[:150], first)
 
 
+def test_shapes_past_the_kernels_limits_are_not_offered():
+    assert c_extend.available(torch.float16, 9, 3, 64) and c_extend.available(torch.float32, 32, 2, 256)
+    assert not c_extend.available(torch.float32, 34, 2, 64)  # 17 query heads per KV head
+    assert not c_extend.available(torch.float32, 8, 8, 72)  # head_dim not a multiple of 16
+    assert not c_extend.available(torch.float32, 8, 8, 320)
+    assert not c_extend.available(torch.int8, 9, 3, 64)
+
+
 def test_bad_inputs_are_refused():
     q, buf, table = torch.randn(4, 9, 64), torch.randn(16, 3, 64), torch.arange(16).view(1, 16)
     one, four = torch.tensor([0]), torch.tensor([4])

@@ -91,7 +91,9 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
         long = self.model.long_extend_min  # long prompt chunks' attention in bfloat16 too, where the CPU has it
-        bf16_attention = long is not None and self.attention.use_bf16_long_extends(long, self.kv_dtype)
+        attn = self.model.layers[0].attn
+        bf16_attention = long is not None and self.attention.use_bf16_long_extends(
+            long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
         limit = block_rows_limit() if blocks is not None else None
         wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"
         logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "

@@ -18,8 +18,14 @@ from radixgen.runtime.kernels import ffi
 KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def available(kv_dtype: torch.dtype) -> bool:
-    """Whether the native kernels have the bfloat16 prompt attention (AVX512-BF16) for this KV dtype."""
+MAX_GROUP, MAX_HEAD_DIM = 16, 256  # the kernel's limits (csrc/extend_attention.c): query heads per KV head, D
+
+
+def available(kv_dtype: torch.dtype, heads: int = 1, kv_heads: int = 1, head_dim: int = 64) -> bool:
+    """Whether the native kernels have the bfloat16 prompt attention (AVX512-BF16) for this KV dtype and
+    attention shape (head_dim a multiple of 16 up to 256, up to 16 query heads per KV head)."""
+    if heads % kv_heads or heads // kv_heads > MAX_GROUP or head_dim % 16 or head_dim > MAX_HEAD_DIM:
+        return False
     lib = ffi.library()
     return kv_dtype in KV_DTYPES and lib is not None and lib.extend_attention_bf16_available() == 1
 

@@ -6,8 +6,8 @@ torch (SDPA, with decode rows in our C kernel on CPU: `torch_backend.py`) and Tr
 `triton_backend.py`). Three optional capabilities:
 - `decode_step(meta)`: a backend that can hand a whole pure-decode step to the model's one-call C
   decode (`kernels/decode_layers.py`) returns that step's decode call; others return None.
-- `use_bf16_long_extends(min_len, kv_dtype)`: attend requests extending by more than `min_len`
-  tokens in bfloat16 (the model runs their GEMMs so); True if the backend will.
+- `use_bf16_long_extends(min_len, kv_dtype, heads, kv_heads, head_dim)`: attend requests extending
+  by more than `min_len` tokens in bfloat16 (the model runs their GEMMs so); True if the backend will.
 - CUDA graphs: `supports_cuda_graph` backends build decode metadata over static buffers
   (`graph_metadata`), which a captured graph replays (`executor/cuda_graph.py`).
 """
@@ -41,9 +41,10 @@ class AttentionBackend(ABC):
         """The step's single decode call when the model may run the whole step in one C call."""
         return None
 
-    def use_bf16_long_extends(self, min_len: int, kv_dtype: torch.dtype) -> bool:
+    def use_bf16_long_extends(self, min_len: int, kv_dtype: torch.dtype, heads: int, kv_heads: int,
+                              head_dim: int) -> bool:
         """Attend requests extending by more than `min_len` tokens in bfloat16 from now on, if this
-        backend can for `kv_dtype` (returns whether it will)."""
+        backend can for `kv_dtype` and this attention shape (returns whether it will)."""
         return False
 
     def graph_metadata(self, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, rows: torch.Tensor,

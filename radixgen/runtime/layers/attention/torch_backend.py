@@ -293,8 +293,9 @@ class TorchAttention(AttentionBackend):
         self.c_decode = c_decode
         self.bf16_extend_min: int | None = None
 
-    def use_bf16_long_extends(self, min_len: int, kv_dtype: torch.dtype) -> bool:
-        if not (self.c_decode and c_extend.available(kv_dtype)):
+    def use_bf16_long_extends(self, min_len: int, kv_dtype: torch.dtype, heads: int, kv_heads: int,
+                              head_dim: int) -> bool:
+        if not (self.c_decode and c_extend.available(kv_dtype, heads, kv_heads, head_dim)):
             return False
         self.bf16_extend_min = min_len
         return True
