@@ -16,8 +16,6 @@ import torch
 from radixgen.runtime.kernels import ffi
 
 KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 MAX_GROUP, MAX_HEAD_DIM = 16, 256  # the kernel's limits (csrc/extend_attention.c): query heads per KV head, D
 
 
