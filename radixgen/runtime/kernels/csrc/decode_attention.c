@@ -98,23 +98,15 @@ static inline int heads_at(int64_t h, int64_t hkv, int64_t G) {
 }
 
 #ifdef RG_AVX512
-static inline __m512 load16(const void *p, int64_t i, int kv) {
-    if (kv == RG_KV_F32) return _mm512_loadu_ps((const float *)p + i);
-    if (kv == RG_KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i))));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
-    if (kv == RG_KV_F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 /* part[g * 16] = per-lane products of q_g and the key's head row at element base, for N <= GMAX heads
  * (summed horizontally 16 keys at a time by scores16_rows). */
 static inline __attribute__((always_inline)) void key_dots(const int N, const float *q, const void *k_buf, int64_t base,
                                                            int64_t D, int kv, __m512 *part) {
     __m512 a[GMAX];
-    const __m512 k0 = load16(k_buf, base, kv);
+    const __m512 k0 = rg_kv_load16(k_buf, base, kv);
     for (int g = 0; g < N; g++) a[g] = _mm512_mul_ps(_mm512_loadu_ps(q + g * D), k0);
     for (int64_t d = 16; d < D; d += 16) {
-        const __m512 k = load16(k_buf, base + d, kv);
+        const __m512 k = rg_kv_load16(k_buf, base + d, kv);
         for (int g = 0; g < N; g++) a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), k, a[g]);
     }
     if (kv == RG_KV_I8) {  /* the key's scale */
@@ -171,7 +163,7 @@ static inline __attribute__((always_inline)) void values16_dims(const int G, con
         if (d0 == 0 && s + PREFETCH_AHEAD < avail)
             prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
         __m512 v[4];
-        for (int i = 0; i < NV; i++) v[i] = load16(v_buf, base + 16 * i, kv);
+        for (int i = 0; i < NV; i++) v[i] = rg_kv_load16(v_buf, base + 16 * i, kv);
         const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
         for (int g = 0; g < G; g++) {
             const __m512 p = _mm512_set1_ps(probs[g * stride + s] * vs);

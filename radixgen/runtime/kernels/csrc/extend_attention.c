@@ -54,15 +54,8 @@ static inline int64_t request_of(const extend_job *j, int64_t item) {
 
 /* dst[0 .. D) = bfloat16 of the K or V head row at element base. */
 static inline void row_bf16(const void *buf, int64_t base, int64_t D, int kv, uint16_t *dst) {
-    for (int64_t d = 0; d < D; d += 16) {
-        __m512 x;
-        if (kv == RG_KV_F32) x = _mm512_loadu_ps((const float *)buf + base + d);
-        else {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)buf + base + d));
-            x = kv == RG_KV_F16 ? _mm512_cvtph_ps(h) : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-        }
-        _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(x));
-    }
+    for (int64_t d = 0; d < D; d += 16)
+        _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(rg_kv_load16(buf, base + d, kv)));
 }
 
 /* Pack items (request, KV head, block of 16 keys): the block's K words [D/2][16] and V words

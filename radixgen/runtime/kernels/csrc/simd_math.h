@@ -175,6 +175,15 @@ static inline __m256 exp8(__m256 x) {
 #endif
 
 #ifdef RG_AVX512
+/* Elements i .. i + 16 of a K/V buffer of dtype kv as floats (int8: unscaled, see rg_kv_row_scale). */
+static inline __m512 rg_kv_load16(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return _mm512_loadu_ps((const float *)p + i);
+    if (kv == RG_KV_I8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)p + i))));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kv == RG_KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* exp8 on 16 floats. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));

@@ -11,6 +11,7 @@ model runs them in bfloat16 (`kernels/extend_attention.py`).
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -102,15 +103,16 @@ class AttentionMetadata:
               bf16_extend_min: int | None = None) -> AttentionMetadata:
         device = req_to_token.device
         lens = fb.extend_lens
+        cut = sys.maxsize if bf16_extend_min is None else max(bf16_extend_min, 1)  # longer extends: bfloat16
         decode = [i for i, e in enumerate(lens) if e == 1]
-        long = [] if bf16_extend_min is None else [i for i, e in enumerate(lens) if e > max(bf16_extend_min, 1)]
+        long = [i for i, e in enumerate(lens) if e > cut]
         if len(decode) == fb.batch_size and c_decode:
             return cls([DecodeCall.build(None, req_to_token, fb.req_pool_indices, fb.prefix_lens)])
         if len(long) == fb.batch_size:
             return cls([ExtendCall.build(None, req_to_token, fb.req_pool_indices, fb.prefix_lens, lens)])
         if not long and (not decode or len(decode) == fb.batch_size):
             return cls([_sdpa_call(fb.prefix_lens, lens, fb.req_pool_indices, None, req_to_token)])
-        short = [i for i, e in enumerate(lens) if e > 1 and i not in long]
+        short = [i for i, e in enumerate(lens) if 1 < e <= cut]
         starts = [0, *itertools.accumulate(lens)][:-1]
         calls: list[SdpaCall | DecodeCall | ExtendCall] = []
         for group in filter(None, (decode, short, long)):
