@@ -142,20 +142,40 @@ class ReqToTokenPool:
 
     def write(self, slot: int, start: int, values: torch.Tensor) -> None:
         """Set `req_to_token[slot, start : start + len(values)]` and queue it for the device copy."""
-        n = int(values.numel())
-        if n == 0:
+        self.write_runs([slot], [start], [int(values.numel())], values.clone())
+
+    def write_runs(self, slots: list[int], starts: list[int], lens: list[int], values: torch.Tensor) -> None:
+        """Set `req_to_token[slots[i], starts[i] : starts[i] + lens[i]]` for every i from consecutive runs
+        of `values` ([sum(lens)], which the pool keeps: not to be changed after), as one write: a step's
+        whole allocation costs a few tensor ops, not a few per request."""
+        values = values.to(torch.int64).reshape(-1)  # [W]
+        if sum(lens) != values.numel():
+            raise ValueError(f"runs of {sum(lens)} slots in all, but {values.numel()} values")
+        if values.numel() == 0:
             return
-        values = values.to(torch.int64).reshape(-1)
-        self.req_to_token[slot, start : start + n] = values
-        first = slot * self.max_context_len + start
-        self._pending_index.append(torch.arange(first, first + n, dtype=torch.int64))
-        self._pending_values.append(values.clone())
+        if any(start + n > self.max_context_len for start, n in zip(starts, lens, strict=True)):
+            raise ValueError(f"a run past the end of its row ({self.max_context_len} slots)")
+        firsts = [slot * self.max_context_len + start for slot, start in zip(slots, starts, strict=True)]
+        if all(n == 1 for n in lens):  # one value per run (a decode step)
+            index = torch.tensor(firsts, dtype=torch.int64)  # [W]
+        else:  # run i's j-th value goes to firsts[i] + j
+            offsets = [0]
+            for n in lens[:-1]:
+                offsets.append(offsets[-1] + n)
+            shift = torch.tensor([f - o for f, o in zip(firsts, offsets, strict=True)], dtype=torch.int64)  # [R]
+            index = torch.arange(values.numel()) + shift.repeat_interleave(torch.tensor(lens))  # [W]
+        self.req_to_token.view(-1)[index] = values
+        self._pending_index.append(index)
+        self._pending_values.append(values)
 
     def take_updates(self) -> TableUpdate | None:
         """The writes queued since the last call (None if there were none)."""
         if not self._pending_index:
             return None
-        update = TableUpdate(torch.cat(self._pending_index), torch.cat(self._pending_values))
+        if len(self._pending_index) == 1:
+            update = TableUpdate(self._pending_index[0], self._pending_values[0])
+        else:
+            update = TableUpdate(torch.cat(self._pending_index), torch.cat(self._pending_values))
         self._pending_index, self._pending_values = [], []
         return update
 

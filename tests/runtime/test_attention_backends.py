@@ -35,6 +35,34 @@ def test_device_table_follows_host_writes():
     assert torch.equal(pool.device_table, pool.req_to_token)
 
 
+def test_write_runs_equals_row_by_row_writes():
+    """A step's batched allocation write (`write_runs`: decode runs of one slot, prefill runs of many,
+    empty runs) lands where a naive table of Python lists says, on the host and on the device copy."""
+    size, width = 6, 20
+    pool = ReqToTokenPool(size, width)
+    naive = [[0] * width for _ in range(size)]
+    g = torch.Generator().manual_seed(1)
+    for step in range(40):
+        slots = torch.randperm(size, generator=g)[: int(torch.randint(1, size + 1, (), generator=g))].tolist()
+        decode = step % 2 == 0
+        lens = [1 if decode else int(torch.randint(0, 5, (), generator=g)) for _ in slots]
+        starts = [int(torch.randint(0, width - n + 1, (), generator=g)) for n in lens]
+        values = torch.randint(1, 1000, (sum(lens),), generator=g)
+        pool.write_runs(slots, starts, lens, values)
+        flat = values.tolist()
+        for slot, start, n in zip(slots, starts, lens, strict=True):
+            naive[slot][start : start + n], flat = flat[:n], flat[n:]
+        if step % 3 == 0:
+            pool.apply(pool.take_updates())
+    pool.apply(pool.take_updates())
+    assert pool.req_to_token.tolist() == naive
+    assert pool.device_table.tolist() == naive
+    with pytest.raises(ValueError, match="past the end of its row"):
+        pool.write_runs([0], [width - 1], [2], torch.ones(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="3 values"):
+        pool.write_runs([0, 1], [0, 0], [1, 1], torch.ones(3, dtype=torch.int64))
+
+
 def test_triton_backend_engine_equals_torch(tiny_models, engine_greedy_outputs):
     model = str(tiny_models["llama"])
     assert engine_greedy_outputs(model, "triton") == engine_greedy_outputs(model, "torch")

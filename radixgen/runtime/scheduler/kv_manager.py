@@ -99,13 +99,10 @@ class KVManager:
         loc = self.kv_pool.alloc(n)
         if loc is None:
             return None
-        starts, offset = [], 0
+        starts = [req.kv.kv_len for req in reqs]
+        self.req_pool.write_runs([req.kv.pool_idx for req in reqs], starts, lens, loc)
         for req, k in zip(reqs, lens, strict=True):
-            kv = req.kv
-            starts.append(kv.kv_len)
-            self.req_pool.write(kv.pool_idx, kv.kv_len, loc[offset : offset + k])
-            kv.kv_len += k
-            offset += k
+            req.kv.kv_len += k
         return loc, starts
 
     def take_table_update(self) -> TableUpdate | None:
