@@ -26,6 +26,7 @@ class ForwardBatch:
     extend_lens: list[int]  # [B] new tokens this step (1 for decode)
     logits_indices: torch.Tensor  # [L] int64 rows of the flat sequence whose logits are returned
     has_placeholders: bool = False  # some input ids are -(i + 1): the i-th token the previous step samples
+    all_placeholders: bool = False  # input id j is -(j + 1) for every j: the previous step's samples, in order
     table_update: TableUpdate | None = None  # req_to_token writes to apply on the device first
 
     @property
@@ -76,5 +77,6 @@ def make_forward_batch(
         extend_lens=extend_lens,
         logits_indices=dev[2 * t + b : 2 * t + b + len(rows)],
         has_placeholders=any(tok < 0 for tok in flat),
+        all_placeholders=flat == list(range(-1, -t - 1, -1)),
         table_update=table_update,
     )

@@ -104,8 +104,11 @@ class ModelWorker:
     def run(self, batch: ScheduledBatch) -> StepOutput:
         fb = batch.forward
         if fb.has_placeholders and self._last_ids is not None:
-            prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
-            fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
+            if fb.all_placeholders and self._last_ids.shape[0] == fb.input_ids.shape[0]:
+                fb.input_ids = self._last_ids  # a decode step of the last one's requests, in order: no tensor op
+            else:
+                prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
+                fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
         serial = serial_torch(fb, self.runner.model_config, self.runner.model.matrices_in_c(fb.extend_lens))
         self._set_torch_threads(1 if serial else self._torch_threads)
         start = time.perf_counter()
