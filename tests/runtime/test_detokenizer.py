@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
@@ -17,6 +19,18 @@ def run(tok, text: str, stop=()) -> tuple[list[str], IncrementalDetokenizer]:
     parts = [d.add([t]) for t in tok.encode(text, add_special_tokens=False)]
     parts.append(d.flush())
     return parts, d
+
+
+def test_decode_equals_hf_decode(tok):
+    """Our decode (the fast backend's, called directly) equals the HF tokenizer's own on random ids,
+    special tokens among them, with and without skipping them."""
+    rng = random.Random(0)
+    specials = tok.hf.all_special_ids
+    for _ in range(200):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(0, 12))] + rng.sample(specials, 1)
+        rng.shuffle(ids)
+        for skip in (True, False):
+            assert tok.decode(ids, skip_special_tokens=skip) == tok.hf.decode(ids, skip_special_tokens=skip)
 
 
 def test_multibyte_characters_never_broken(tok):
