@@ -170,19 +170,29 @@ def test_overlap_on_and_off_identical(engine):
     engine.flush_cache()
     on = engine.generate(prompts, params)
     off_engine = Engine(disable_overlap=True)
+    # the worker's CUDA pipelining, forced on CPU: results are read and handed over on a second thread
+    # while the worker goes on to the next batch (requests finish mid-flight, grammar, penalties, seeds)
+    ahead_engine = Engine()
+    ahead_engine.scheduler.worker.read_results_apart = True
     try:
         off = off_engine.generate(prompts, params)
+        ahead = ahead_engine.generate(prompts, params)
+        assert ahead_engine.flush_cache() and ahead_engine.get_stats()["kv_used"] == 0
     finally:
         off_engine.shutdown()
-    assert [r["output_ids"] for r in on] == [r["output_ids"] for r in off]
-    assert [r["text"] for r in on] == [r["text"] for r in off]
+        ahead_engine.shutdown()
+    assert [r["output_ids"] for r in on] == [r["output_ids"] for r in off] == [r["output_ids"] for r in ahead]
+    assert [r["text"] for r in on] == [r["text"] for r in off] == [r["text"] for r in ahead]
     assert engine.flush_cache() and engine.get_stats()["kv_used"] == 0
 
 
-def test_internal_error_fails_requests_instead_of_hanging(tiny_models):
+@pytest.mark.parametrize("apart", [False, True])
+def test_internal_error_fails_requests_instead_of_hanging(tiny_models, apart):
     """A failing forward (a stand-in for an engine bug: the embedding loses rows, so the lookup raises)
-    ends the request in flight with "abort", and later calls raise at once instead of waiting."""
+    ends the request in flight with "abort", and later calls raise at once instead of waiting;
+    also when results are read on their own thread (the worker's CUDA pipelining, forced here)."""
     eng = Engine(str(tiny_models["llama"]), max_total_tokens=256)
+    eng.scheduler.worker.read_results_apart = apart
     try:
         params = {"temperature": 0, "max_new_tokens": 2}
         ok = eng.generate(input_ids=[5, 6, 7], sampling_params=params)
