@@ -8,6 +8,7 @@ per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for th
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import random
@@ -63,6 +64,13 @@ class Engine:
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
+        # What is loaded now (model, tokenizer, libraries) lives as long as the engine: keep it out of the
+        # cyclic GC's scans. A full collection walks every tracked object of the process, and a batch's
+        # per-request lists trigger them: a random tiny Llama at batch 256 on CPU, 20-22 -> 15-17 ms a
+        # step. (vLLM's engine freezes its heap after start-up likewise.) `shutdown` unfreezes, so an
+        # engine's own reference cycles can be collected once it is gone.
+        gc.collect()
+        gc.freeze()
         logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
                     self.config.max_total_tokens, self.context_length)
 
@@ -312,6 +320,7 @@ class Engine:
             self.runner.close()
             if self._grammar_cache is not None:
                 self._grammar_cache.shutdown(wait=False)
+            gc.unfreeze()
 
     def __enter__(self) -> Engine:
         return self
