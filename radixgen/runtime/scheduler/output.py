@@ -94,14 +94,11 @@ class OutputProcessor:
     def _check_token(self, req: Req, token: int) -> tuple[FinishReason | None, str]:
         """Whether the output ends with `token` (just appended); the text it adds."""
         p = req.params
-        stop_ids = set(p.stop_token_ids or ())
-        if not p.ignore_eos:
-            stop_ids |= self.eos_token_ids
         delta = ""
         if req.grammar is not None and not req.grammar.accept_token(token):
             finish = FinishReason("abort", message=f"{CONSTRAINT_UNFOLLOWABLE}: its grammar rejected token {token} it "
                                   "had allowed (a pattern may need bytes no token of this model's vocabulary spells)")
-        elif token in stop_ids:
+        elif (not p.ignore_eos and token in self.eos_token_ids) or (p.stop_token_ids and token in p.stop_token_ids):
             finish = FinishReason("stop", matched=token)
         else:
             delta = req.detok.add([token])
