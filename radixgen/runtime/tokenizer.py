@@ -45,7 +45,7 @@ class Tokenizer:
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        if self._backend_decode is not None:
+        if self._backend_decode is not None and isinstance(ids, list):
             return self._backend_decode(ids, skip_special_tokens=skip_special_tokens)
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
