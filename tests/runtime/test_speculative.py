@@ -69,6 +69,25 @@ def test_greedy_equals_plain_alone_and_batched(engine, spec_engine):
     assert spec_engine.flush_cache()  # every request released its KV (checked after every step too)
 
 
+def test_results_read_apart_with_drafts(engine):
+    """The worker's CUDA pipelining (results read and handed over on a second thread while the worker
+    goes on), forced on CPU with drafts: greedy tokens, seeded tokens and logprobs as plain decoding."""
+    eng = Engine(speculative_algorithm="ngram", debug_kv_check=True)
+    eng.scheduler.worker.read_results_apart = True
+    seeded = {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 32, "seed": 11}
+    try:
+        assert ids(eng.generate(PROMPTS, GREEDY)) == ids(engine.generate(PROMPTS, GREEDY))
+        assert ids(eng.generate(PROMPTS[:3], seeded)) == ids(engine.generate(PROMPTS[:3], seeded))
+        got = eng.generate(PROMPTS[0], GREEDY, return_logprob=True)["meta_info"]
+        want = engine.generate(PROMPTS[0], GREEDY, return_logprob=True)["meta_info"]
+        assert got["spec_num_correct_drafts"] > 0
+        for (a, ta), (b, tb) in zip(got["output_token_logprobs"], want["output_token_logprobs"], strict=True):
+            assert ta == tb and abs(a - b) < 2e-3
+        assert eng.flush_cache()
+    finally:
+        eng.shutdown()
+
+
 def test_seeded_sampling_gives_the_same_tokens(engine, spec_engine):
     """Each position samples with its own (seed, step) uniform from the target distribution, drafted or
     not, so a seeded request's tokens are those of plain decoding."""
