@@ -9,6 +9,7 @@ tree can be tested with a fake pool (`TokenAllocator` alone).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -159,9 +160,7 @@ class ReqToTokenPool:
         if all(n == 1 for n in lens):  # one value per run (a decode step)
             index = torch.tensor(firsts, dtype=torch.int64)  # [W]
         else:  # run i's j-th value goes to firsts[i] + j
-            offsets = [0]
-            for n in lens[:-1]:
-                offsets.append(offsets[-1] + n)
+            offsets = [0, *itertools.accumulate(lens[:-1])]  # [R] each run's first value in `values`
             shift = torch.tensor([f - o for f, o in zip(firsts, offsets, strict=True)], dtype=torch.int64)  # [R]
             index = torch.arange(values.numel()) + shift.repeat_interleave(torch.tensor(lens))  # [W]
         self.req_to_token.view(-1)[index] = values
