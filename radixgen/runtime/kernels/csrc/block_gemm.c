@@ -128,13 +128,39 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xblock *xq, int 
 static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
 
 #if defined(RG_AVX512)
+/* acc[r] += block b's products for R rows (xb[r * nb]) of one panel (w: its 8 weight vectors; d, m: its
+ * scales and mins). The rows' limb sums are independent dependency chains, interleaved so that
+ * vpdpbusd's latency is hidden; being integer sums, their order does not change any result. */
+static inline __attribute__((always_inline)) void rows_block(const int R, const int bits, const __m512i *w, __m512 d,
+                                                              __m512 m, const xblock *xb, int64_t nb, __m512 *acc) {
+    __m512i a[2][LIMBS];
+    for (int r = 0; r < R; r++)
+        for (int l = 0; l < LIMBS; l++) a[r][l] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g++)
+        for (int r = 0; r < R; r++)
+            for (int l = 0; l < LIMBS; l++) {
+                int32_t x4;
+                memcpy(&x4, xb[r * nb].q[l] + 4 * g, 4);
+                a[r][l] = _mm512_dpbusd_epi32(a[r][l], w[g], _mm512_set1_epi32(x4));
+            }
+    const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
+    for (int r = 0; r < R; r++) {
+        const xblock *x = xb + r * nb;
+        if (bits == 8)
+            for (int l = 0; l < LIMBS; l++) a[r][l] = _mm512_sub_epi32(a[r][l], _mm512_set1_epi32(128 * x->qsum[l]));
+        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][1]), c1, _mm512_cvtepi32_ps(a[r][0]));
+        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][2]), c2, v);
+        acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(x->s)), acc[r]);
+        if (bits == 4) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->sum), acc[r]);
+    }
+}
+
 /* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
 static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
                                                          const uint16_t *d16, const uint16_t *m16, int64_t nb,
                                                          const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
     __m512 acc[MR];
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
-    const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
     const int64_t block_bytes = bits == 4 ? 256 : 512;
     for (int64_t b = 0; b < nb; b++) {
         /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
@@ -157,24 +183,9 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
             const uint8_t *qb = qs + b * 512;
             for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512(qb + 64 * g), _mm512_set1_epi8(-128));
         }
-        for (int i = 0; i < mr; i++) {
-            const xblock *xb = xq + i * nb + b;
-            __m512i a[LIMBS];
-            for (int l = 0; l < LIMBS; l++) {
-                const int8_t *xl = xb->q[l];
-                a[l] = _mm512_setzero_si512();
-                for (int g = 0; g < 8; g++) {
-                    int32_t x4;
-                    memcpy(&x4, xl + 4 * g, 4);
-                    a[l] = _mm512_dpbusd_epi32(a[l], w[g], _mm512_set1_epi32(x4));
-                }
-                if (bits == 8) a[l] = _mm512_sub_epi32(a[l], _mm512_set1_epi32(128 * xb->qsum[l]));
-            }
-            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[1]), c1, _mm512_cvtepi32_ps(a[0]));
-            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[2]), c2, v);
-            acc[i] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(xb->s)), acc[i]);
-            if (bits == 4) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xb->sum), acc[i]);
-        }
+        int i = 0;
+        for (; i + 2 <= mr; i += 2) rows_block(2, bits, w, d, m, xq + i * nb + b, nb, acc + i);
+        if (i < mr) rows_block(1, bits, w, d, m, xq + i * nb + b, nb, acc + i);
     }
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
