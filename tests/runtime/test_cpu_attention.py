@@ -92,6 +92,29 @@ def test_rows_of_one_request_read_together_equal_each_alone(dtype):
     assert (together.double() - ref).abs().max().item() <= 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
+def test_long_requests_in_longer_chunks(dtype):
+    """Requests long enough for 256- and 512-key chunks (past 2,048 and 4,096 keys), and rows of one
+    request whose lengths cross from 128- to 256-key chunks: each matches float64 and is bitwise the
+    output it gets alone."""
+    g = torch.Generator().manual_seed(7)
+    heads, kv_heads, d, n_slots = 9, 3, 64, 12000
+    k_buf = kv_buffer(torch.randn(n_slots, kv_heads, d, generator=g) * 2, dtype)
+    v_buf = kv_buffer(torch.randn(n_slots, kv_heads, d, generator=g), dtype)
+    table = torch.stack([torch.randperm(n_slots - 1, generator=g)[:9000] + 1 for _ in range(3)])
+    rows = torch.tensor([0, 1, 1, 1, 1, 2])
+    lens = torch.tensor([9000, 2047, 2048, 2049, 2050, 4097])
+    q = torch.randn(len(lens), heads, d, generator=g)
+    scale = d**-0.5
+    together = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
+    for i in range(len(lens)):
+        one = slice(i, i + 1)
+        alone = cpu_attention.decode_attention(q[one], k_buf, v_buf, table, rows[one], lens[one], scale)
+        assert torch.equal(together[i], alone[0]), i
+    ref = naive(q, kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
+    assert (together.double() - ref).abs().max().item() <= 1e-5
+
+
 def test_decode_attention_rejects_bad_input():
     q, kv = torch.randn(1, 4, 16), torch.randn(8, 2, 16)
     table, rows = torch.arange(8)[None], torch.tensor([0])
