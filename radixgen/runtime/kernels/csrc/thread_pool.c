@@ -16,12 +16,14 @@
  * keeps a window of its regions (WINDOW_NS of its own work plus waits): a region takes its own
  * share plus its wait, and alone it would take about twice its share, so when the window's waits
  * exceed its own work (decided early once MISSES regions waited), or the caller itself waited for
- * a CPU for over 1/8 of the window (its run delay: the cores are oversubscribed, and its own share
- * stretched), regions run on the caller alone for SOLO_NS, then the workers are tried again
+ * a CPU for over DELAY_SHARE of the window (its run delay: the cores are oversubscribed, and its own
+ * share stretched), regions run on the caller alone for SOLO_NS, then the workers are tried again
  * (batch-1 decode, 2 threads on 2 cores shared with another ~1.5 cores of load: 28 tok/s waiting on
  * the worker, 110-130 on one thread). One wait alone does not decide: a VM's vCPU misses ~20
  * slices of 0.1-0.5 ms a second and a few of 5-13 ms, and going solo on each (as this pool once
- * did, for 512 regions) left batch-1 decode on one thread ~70% of the time.
+ * did, for 512 regions) left batch-1 decode on one thread ~70% of the time. Nor does a delay of
+ * 1/8: the engine's own scheduler thread, running beside the forward on 2 cores, delays the caller
+ * by 5-25% of some windows, and each solo spell then cost 500 ms at half speed.
  * One region runs at a time: a caller that finds the pool busy (another thread's region, or a
  * nested call from inside a region) runs its region alone, so nothing waits on anything else.
  * After fork() the child starts with no workers.
@@ -55,6 +57,7 @@
 #define WAIT_NS 50000      /* a wait this long counts as a miss... */
 #define MISSES 8           /* ...and this many in a window with waits over own work decide at once */
 #define SOLO_NS 500000000  /* how long regions run on the caller alone once waits outweighed own work */
+#define DELAY_SHARE 0.25   /* ...or once the caller waited for a CPU this share of the window */
 #define CLOSED (1ull << 31)         /* in `state`: the region takes no more workers */
 #define ACTIVE_MASK (CLOSED - 1)    /* in `state`: workers inside the region */
 
@@ -227,7 +230,7 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
     const int losing = pool.window_wait > pool.window_own;
     if ((losing && pool.window_misses >= MISSES) || pool.window_own + pool.window_wait >= WINDOW_NS) {
         const uint64_t delayed = run_delay_ns() - pool.window_delay;
-        if (losing || delayed > (end - pool.window_start) / 8) {
+        if (losing || delayed > (uint64_t)((double)(end - pool.window_start) * DELAY_SHARE)) {
             pool.solo_until = end + SOLO_NS;
             pool.window_caller = 0;  /* the first region after opens a new window */
         } else {
