@@ -45,6 +45,8 @@ def expected_paths(variant: str, flags: set[str]) -> set[str]:
     if variant != "native":
         return {"avx2", variant}
     paths = set()
+    if {"asimd", "asimddp"} <= flags:  # Arm64 with the dot-product extension
+        paths.add("neon-dotprod")
     if {"avx2", "fma", "f16c"} <= flags:
         paths.add("avx2")
         if "avx_vnni" in flags:

@@ -54,9 +54,10 @@ def _build_key(cc: str, flags: list[str]) -> str:
 
 @functools.cache
 def cpu_flags() -> set[str]:
-    """This CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    """This CPU's feature flags from /proc/cpuinfo (x86 "flags", Arm64 "Features"; empty where there is none)."""
     try:
-        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+        line = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith(("flags", "Features")))
     except (OSError, StopIteration):
         return set()
     return set(line.split(":", 1)[1].split())

@@ -147,7 +147,8 @@ def library() -> ctypes.CDLL | None:
     return load("native")
 
 
-SIMD_BITS = {1: "avx2", 2: "avx-vnni", 4: "avx512-vnni", 8: "amx"}  # rg_simd_level's bits (simd_math.h)
+# rg_simd_level bits (simd_math.h)
+SIMD_BITS = {1: "avx2", 2: "avx-vnni", 4: "avx512-vnni", 8: "amx", 16: "neon-dotprod"}
 
 
 def simd_features(lib: ctypes.CDLL | None = None) -> set[str]:

@@ -257,6 +257,74 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
         }
     }
 }
+#elif defined(RG_NEON)
+/* Group g's weights of block qb (k = 4g .. 4g + 3 of the 16 rows) as signed bytes, rows 4h .. 4h + 3 in
+ * w[h]: each int32 lane of sdot's products is then one output row. 4-bit q (0..15) fit int8 as they
+ * are, and 8-bit q are signed already, so no offset is taken off (unlike vpdpbusd's unsigned side). */
+static inline __attribute__((always_inline)) void neon_weights(const int bits, const uint8_t *qb, const int g,
+                                                                int8x16_t w[4]) {
+    for (int h = 0; h < 4; h++) {
+        if (bits == 4) {
+            const uint8x16_t v = vld1q_u8(qb + 64 * (g & 3) + 16 * h);
+            w[h] = vreinterpretq_s8_u8(g < 4 ? vandq_u8(v, vdupq_n_u8(15)) : vshrq_n_u8(v, 4));
+        } else {
+            w[h] = vld1q_s8((const int8_t *)qb + 64 * g + 16 * h);
+        }
+    }
+}
+
+/* sdot of group G's weights with its 4 activation bytes of each limb (lane G % 4 of the limb's half G / 4). */
+#define NEON_GROUP(G)                                                                            \
+    do {                                                                                         \
+        int8x16_t w[4];                                                                          \
+        neon_weights(bits, qb, G, w);                                                            \
+        for (int l = 0; l < LIMBS; l++)                                                          \
+            for (int h = 0; h < 4; h++) a[l][h] = vdotq_laneq_s32(a[l][h], w[h], x[l][(G) / 4], (G) % 4); \
+    } while (0)
+
+/* `panel` on 4-float vectors (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
+ * three limbs' 12 int32 sums stay in registers over the block's 8 groups. */
+static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
+                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    float32x4_t acc[MR][4];
+    for (int i = 0; i < mr; i++)
+        for (int h = 0; h < 4; h++) acc[i][h] = vdupq_n_f32(0.0f);
+    const int64_t block_bytes = bits == 4 ? 256 : 512;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *qb = qs + b * block_bytes;
+        float32x4_t d[4], m[4];
+        for (int h = 0; h < 4; h++) {
+            d[h] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(d16 + b * NR + 4 * h)));
+            m[h] = bits == 4 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m16 + b * NR + 4 * h))) : vdupq_n_f32(0.0f);
+        }
+        for (int i = 0; i < mr; i++) {
+            const xblock *xb = xq + i * nb + b;
+            int8x16_t x[LIMBS][2];
+            int32x4_t a[LIMBS][4];
+            for (int l = 0; l < LIMBS; l++) {
+                x[l][0] = vld1q_s8(xb->q[l]);
+                x[l][1] = vld1q_s8(xb->q[l] + 16);
+                for (int h = 0; h < 4; h++) a[l][h] = vdupq_n_s32(0);
+            }
+            NEON_GROUP(0); NEON_GROUP(1); NEON_GROUP(2); NEON_GROUP(3);
+            NEON_GROUP(4); NEON_GROUP(5); NEON_GROUP(6); NEON_GROUP(7);
+            const float32x4_t ds_ = vdupq_n_f32(xb->s), sum = vdupq_n_f32(xb->sum);
+            for (int h = 0; h < 4; h++) {
+                float32x4_t v = vfmaq_n_f32(vcvtq_f32_s32(a[0][h]), vcvtq_f32_s32(a[1][h]), C1);
+                v = vfmaq_n_f32(v, vcvtq_f32_s32(a[2][h]), C2);
+                acc[i][h] = vfmaq_f32(acc[i][h], v, vmulq_f32(d[h], ds_));
+                if (bits == 4) acc[i][h] = vfmaq_f32(acc[i][h], m[h], sum);
+            }
+        }
+    }
+    for (int i = 0; i < mr; i++) {
+        float out[NR];
+        for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, acc[i][h]);
+        memcpy(y + i * ldy, out, sizeof(float) * (size_t)nvalid);
+    }
+}
+#undef NEON_GROUP
 #else
 /* The scalar reference: the same integer sums, combined in the same order. */
 static void panel(const int bits, const int mr, const uint8_t *qs, const uint16_t *d16, const uint16_t *m16,

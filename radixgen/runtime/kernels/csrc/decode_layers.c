@@ -25,6 +25,9 @@ int rg_simd_level(void) {
 #ifdef RG_AVX512
     bits |= RG_BIT_AVX512;
 #endif
+#ifdef RG_NEON
+    bits |= RG_BIT_NEON;
+#endif
     if (amx_ready()) bits |= RG_BIT_AMX;
     return bits;
 }

@@ -7,6 +7,8 @@
  *   RG_AVX512      AVX-512 F/BW/VL/DQ with AVX512-VNNI: 16-float vectors, 512-bit vpdpbusd
  *   RG_AVX512BF16  AVX512-BF16: vdpbf16ps, pairs of bfloat16 products summed in float32
  *   RG_AMX         AMX tiles with bf16 dot products (and AVX512-BF16): the matrix units
+ *   RG_NEON        Arm64 NEON with the dot-product extension (Armv8.2 sdot: Graviton 2+, Ampere, Apple M):
+ *                  4-float vectors, 16 signed byte products per instruction
  *
  * -DRADIXGEN_SCALAR turns all of them off: the plain C reference every path is tested against.
  * Each RG_* flag bit below is what rg_simd_level() reports.
@@ -35,12 +37,17 @@
     defined(__linux__)
 #define RG_AMX 1
 #endif
+#if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
+#define RG_NEON 1
+#include <arm_neon.h>
+#endif
 #endif
 
 #define RG_BIT_AVX2 1
 #define RG_BIT_AVXVNNI 2
 #define RG_BIT_AVX512 4
 #define RG_BIT_AMX 8
+#define RG_BIT_NEON 16
 
 /* IEEE half -> float (the GGUF block scales), for the scalar paths. */
 static inline float rg_half_to_float(uint16_t h) {

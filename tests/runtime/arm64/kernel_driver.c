@@ -1,0 +1,95 @@
+/* Runs one kernel case on generated inputs and writes its float32 outputs to stdout, so that a
+ * cross-compiled Arm64 build of the kernels can be diffed against the Arm64 scalar build under an
+ * emulator (tests/runtime/test_arm64_kernels.py). Inputs come from a seeded xorshift generator, so
+ * both builds see the same ones.
+ *
+ *   kernel_driver level                               rg_simd_level() as text
+ *   kernel_driver gemm BITS M K N SEED                y [M, N] of block_gemm (BITS 4 or 8)
+ *   kernel_driver attention KV B H HKV D LEN SEED     out [B, H, D] of decode_attention, request b's
+ *                                                     keys LEN - b at scattered slots (KV: 0 f32, 2 f16)
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "radixgen_kernels.h"
+#include "simd_math.h"
+
+static uint64_t rng_state;
+
+static float uniform(float lo, float hi) { /* xorshift64* */
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    const uint64_t r = rng_state * 2685821657736338717ull;
+    return lo + (hi - lo) * (float)(r >> 40) / (float)(1ull << 24);
+}
+
+static void *alloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (p == NULL) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static int emit(const float *y, size_t n) { return fwrite(y, sizeof(float), n, stdout) == n ? 0 : 1; }
+
+static int gemm(int64_t bits, int64_t M, int64_t K, int64_t N) {
+    const int64_t panels = (N + 15) / 16, nb = K / 32, block_bytes = bits == 4 ? 256 : 512;
+    uint8_t *qs = alloc((size_t)(panels * nb * block_bytes));
+    uint16_t *d = alloc(sizeof(uint16_t) * (size_t)(panels * nb * 16)), *m = alloc(sizeof(uint16_t) * (size_t)(panels * nb * 16));
+    for (int64_t i = 0; i < panels * nb * block_bytes; i++) qs[i] = (uint8_t)(uniform(0.0f, 256.0f));
+    for (int64_t i = 0; i < panels * nb * 16; i++) {
+        d[i] = rg_float_to_half(uniform(0.001f, 0.02f));
+        m[i] = rg_float_to_half(uniform(-0.15f, 0.0f));
+    }
+    float *x = alloc(sizeof(float) * (size_t)(M * K)), *y = alloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = uniform(-2.0f, 2.0f);
+    const rg_block_weight w = {bits, qs, d, bits == 4 ? m : NULL};
+    if (block_gemm(&w, x, M, K, N, y, 2) != 0) return 1;
+    return emit(y, (size_t)(M * N));
+}
+
+static int attention(int kv, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t len) {
+    const int64_t slots = B * len + 7, elems = slots * Hkv * D;
+    const size_t width = kv == 0 ? 4 : 2;
+    uint8_t *k = alloc(width * (size_t)elems), *v = alloc(width * (size_t)elems);
+    for (int64_t i = 0; i < elems; i++) {
+        const float a = uniform(-2.0f, 2.0f), b = uniform(-1.0f, 1.0f);
+        if (kv == 0) {
+            memcpy(k + 4 * i, &a, 4);
+            memcpy(v + 4 * i, &b, 4);
+        } else {
+            const uint16_t ha = rg_float_to_half(a), hb = rg_float_to_half(b);
+            memcpy(k + 2 * i, &ha, 2);
+            memcpy(v + 2 * i, &hb, 2);
+        }
+    }
+    int64_t *table = alloc(sizeof(int64_t) * (size_t)(B * len)), *rows = alloc(sizeof(int64_t) * (size_t)B);
+    int64_t *lens = alloc(sizeof(int64_t) * (size_t)B);
+    for (int64_t b = 0; b < B; b++) {
+        rows[b] = B - 1 - b;
+        lens[b] = len - b;
+        for (int64_t j = 0; j < len; j++) table[rows[b] * len + j] = (j * 7919 + b * len) % slots;  /* scattered */
+    }
+    float *q = alloc(sizeof(float) * (size_t)(B * H * D)), *out = alloc(sizeof(float) * (size_t)(B * H * D));
+    for (int64_t i = 0; i < B * H * D; i++) q[i] = uniform(-1.0f, 1.0f);
+    if (decode_attention(q, k, v, kv, table, len, rows, lens, 0, B, H, Hkv, D, 0.125f, out, NULL, 2) != 0) return 1;
+    return emit(out, (size_t)(B * H * D));
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "level") == 0) return printf("%d\n", rg_simd_level()) < 0;
+    if (argc == 7 && strcmp(argv[1], "gemm") == 0) {
+        rng_state = strtoull(argv[6], NULL, 10) * 2 + 1;
+        return gemm(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]));
+    }
+    if (argc == 9 && strcmp(argv[1], "attention") == 0) {
+        rng_state = strtoull(argv[8], NULL, 10) * 2 + 1;
+        return attention(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]));
+    }
+    fprintf(stderr, "usage: see the comment at the top of kernel_driver.c\n");
+    return 2;
+}
