@@ -61,7 +61,7 @@ def test_block_gemm(drivers, bits, m):
     assert_close(run(drivers["neon"], *case), run(drivers["scalar"], *case))
 
 
-@pytest.mark.parametrize("kv", [0, 2])  # float32, float16 K/V
+@pytest.mark.parametrize("kv", [0, 1, 2, 3])  # float32, bfloat16, float16, int8 K/V
 @pytest.mark.parametrize("heads,kv_heads,head_dim,keys", [(9, 3, 64, 300), (8, 2, 40, 2100)])
 def test_decode_attention(drivers, kv, heads, kv_heads, head_dim, keys):
     """Three requests of different lengths at scattered slots (2,100 keys: 256-key chunks)."""

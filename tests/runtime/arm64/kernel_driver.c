@@ -6,7 +6,8 @@
  *   kernel_driver level                               rg_simd_level() as text
  *   kernel_driver gemm BITS M K N SEED                y [M, N] of block_gemm (BITS 4 or 8)
  *   kernel_driver attention KV B H HKV D LEN SEED     out [B, H, D] of decode_attention, request b's
- *                                                     keys LEN - b at scattered slots (KV: 0 f32, 2 f16)
+ *                                                     keys LEN - b at scattered slots (KV: 0 f32,
+ *                                                     1 bf16, 2 f16, 3 int8 rows with a float scale)
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -53,18 +54,26 @@ static int gemm(int64_t bits, int64_t M, int64_t K, int64_t N) {
 }
 
 static int attention(int kv, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t len) {
-    const int64_t slots = B * len + 7, elems = slots * Hkv * D;
-    const size_t width = kv == 0 ? 4 : 2;
+    const int64_t slots = B * len + 7, row = kv == 3 ? D + 4 : D, elems = slots * Hkv * row;
+    const size_t width = kv == 0 ? 4 : kv == 3 ? 1 : 2;
     uint8_t *k = alloc(width * (size_t)elems), *v = alloc(width * (size_t)elems);
     for (int64_t i = 0; i < elems; i++) {
-        const float a = uniform(-2.0f, 2.0f), b = uniform(-1.0f, 1.0f);
-        if (kv == 0) {
-            memcpy(k + 4 * i, &a, 4);
-            memcpy(v + 4 * i, &b, 4);
-        } else {
-            const uint16_t ha = rg_float_to_half(a), hb = rg_float_to_half(b);
-            memcpy(k + 2 * i, &ha, 2);
-            memcpy(v + 2 * i, &hb, 2);
+        for (int side = 0; side < 2; side++) {
+            uint8_t *buf = side ? v : k;
+            const float a = uniform(-2.0f, 2.0f);
+            uint32_t bits;
+            memcpy(&bits, &a, 4);
+            if (kv == 0) memcpy(buf + 4 * i, &a, 4);
+            if (kv == 1) buf[2 * i] = (uint8_t)(bits >> 16), buf[2 * i + 1] = (uint8_t)(bits >> 24);  /* bfloat16 */
+            if (kv == 2) {
+                const uint16_t h = rg_float_to_half(a);
+                memcpy(buf + 2 * i, &h, 2);
+            }
+            if (kv == 3) {  /* D int8 values, then the row's float scale */
+                const float scale = 0.01f + 0.001f * (float)(i % 7);
+                if (i % row < D) buf[i] = (uint8_t)(int8_t)(a * 60.0f);
+                else if (i % row == D) memcpy(buf + i, &scale, 4);
+            }
         }
     }
     int64_t *table = alloc(sizeof(int64_t) * (size_t)(B * len)), *rows = alloc(sizeof(int64_t) * (size_t)B);

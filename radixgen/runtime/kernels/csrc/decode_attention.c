@@ -43,6 +43,21 @@ static inline __m256 load8(const void *p, int64_t i, int kv) {
 
 #endif
 
+#ifdef RG_NEON
+/* Elements i .. i + 4 of a K/V buffer of dtype kv as floats (int8: unscaled, see rg_kv_row_scale). */
+static inline float32x4_t load4(const void *p, int64_t i, int kv) {
+    if (kv == RG_KV_F32) return vld1q_f32((const float *)p + i);
+    if (kv == RG_KV_I8) {
+        int32_t w;
+        memcpy(&w, (const int8_t *)p + i, 4);
+        return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_s32(vdup_n_s32(w))))));
+    }
+    const uint16x4_t h = vld1_u16((const uint16_t *)p + i);
+    if (kv == RG_KV_F16) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16));
+}
+#endif
+
 /* max of p[0..n), n >= 1 (vectorized: a scalar max is a 4-cycle dependency chain per key). */
 static float max_of(const float *p, int64_t n) {
     int64_t s = 0;
@@ -223,6 +238,17 @@ static inline __attribute__((always_inline)) void scores_g(const int G, const fl
             for (int g = 0; g < G; g++) scores[g * stride + s] = ks * hsum(a[g]);
             continue;
         }
+#elif defined(RG_NEON)
+        if (D % 4 == 0) {
+            float32x4_t a[GMAX];
+            for (int g = 0; g < G; g++) a[g] = vdupq_n_f32(0.0f);
+            for (int64_t d = 0; d < D; d += 4) {
+                const float32x4_t k = load4(k_buf, base + d, kv);
+                for (int g = 0; g < G; g++) a[g] = vfmaq_f32(a[g], vld1q_f32(q + g * D + d), k);
+            }
+            for (int g = 0; g < G; g++) scores[g * stride + s] = ks * vaddvq_f32(a[g]);
+            continue;
+        }
 #endif
         for (int g = 0; g < G; g++) {
             float a = 0.0f;
@@ -262,6 +288,29 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
                 _mm256_storeu_ps(out + g * D + d0, a[g][0]);
                 _mm256_storeu_ps(out + g * D + d0 + 8, a[g][1]);
             }
+        }
+        return;
+    }
+#elif defined(RG_NEON)
+    if (D % 16 == 0) {
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {  /* 16 dims x G heads of accumulators in registers */
+            float32x4_t a[GMAX][4];
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < 4; i++) a[g][i] = vld1q_f32(out + g * D + d0 + 4 * i);
+            for (int64_t s = 0; s < S; s++) {
+                const int64_t base = slots[s] * row_elems + hkv * hs + d0;
+                if (d0 == 0 && s + PREFETCH_AHEAD < avail)
+                    prefetch_row(v_buf, slots[s + PREFETCH_AHEAD] * row_elems + hkv * hs, bytes, kv);
+                float32x4_t v[4];
+                for (int i = 0; i < 4; i++) v[i] = load4(v_buf, base + 4 * i, kv);
+                const float vs = rg_kv_row_scale(v_buf, base - d0, D, kv);
+                for (int g = 0; g < G; g++) {
+                    const float p = probs[g * stride + s] * vs;
+                    for (int i = 0; i < 4; i++) a[g][i] = vfmaq_n_f32(a[g][i], v[i], p);
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < 4; i++) vst1q_f32(out + g * D + d0 + 4 * i, a[g][i]);
         }
         return;
     }
