@@ -67,3 +67,10 @@ def test_decode_attention(drivers, kv, heads, kv_heads, head_dim, keys):
     """Three requests of different lengths at scattered slots (2,100 keys: 256-key chunks)."""
     case = ("attention", kv, 3, heads, kv_heads, head_dim, keys, keys)
     assert_close(run(drivers["neon"], *case), run(drivers["scalar"], *case))
+
+
+@pytest.mark.parametrize("op,width", [("norm", 576), ("norm", 99), ("silu", 1536), ("silu", 37)])
+def test_layer_ops(drivers, op, width):
+    """RMSNorm with its residual add, and SiLU * up (NEON exp): vector bodies and scalar tails."""
+    case = (op, 5, width, width)
+    assert_close(run(drivers["neon"], *case), run(drivers["scalar"], *case))

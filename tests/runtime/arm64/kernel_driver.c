@@ -8,6 +8,8 @@
  *   kernel_driver attention KV B H HKV D LEN SEED     out [B, H, D] of decode_attention, request b's
  *                                                     keys LEN - b at scattered slots (KV: 0 f32,
  *                                                     1 bf16, 2 f16, 3 int8 rows with a float scale)
+ *   kernel_driver norm T N SEED                       h [T, N] then out [T, N] of add_rms_norm (with delta)
+ *   kernel_driver silu T INTER SEED                   out [T, INTER] of silu_mul
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -89,6 +91,22 @@ static int attention(int kv, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64
     return emit(out, (size_t)(B * H * D));
 }
 
+static int norm(int64_t T, int64_t n) {
+    float *h = alloc(sizeof(float) * (size_t)(2 * T * n)), *delta = alloc(sizeof(float) * (size_t)(T * n));
+    float *w = alloc(sizeof(float) * (size_t)n), *out = h + T * n;
+    for (int64_t i = 0; i < T * n; i++) h[i] = uniform(-3.0f, 3.0f), delta[i] = uniform(-1.0f, 1.0f);
+    for (int64_t i = 0; i < n; i++) w[i] = uniform(0.5f, 1.5f);
+    add_rms_norm(h, delta, w, T, n, 1e-5f, out, 2);
+    return emit(h, (size_t)(2 * T * n));
+}
+
+static int silu(int64_t T, int64_t inter) {
+    float *gu = alloc(sizeof(float) * (size_t)(2 * T * inter)), *out = alloc(sizeof(float) * (size_t)(T * inter));
+    for (int64_t i = 0; i < 2 * T * inter; i++) gu[i] = uniform(-12.0f, 12.0f);
+    silu_mul(gu, T, inter, out, 2);
+    return emit(out, (size_t)(T * inter));
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "level") == 0) return printf("%d\n", rg_simd_level()) < 0;
     if (argc == 7 && strcmp(argv[1], "gemm") == 0) {
@@ -98,6 +116,10 @@ int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "attention") == 0) {
         rng_state = strtoull(argv[8], NULL, 10) * 2 + 1;
         return attention(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]));
+    }
+    if (argc == 5 && (strcmp(argv[1], "norm") == 0 || strcmp(argv[1], "silu") == 0)) {
+        rng_state = strtoull(argv[4], NULL, 10) * 2 + 1;
+        return (argv[1][0] == 'n' ? norm : silu)(atoll(argv[2]), atoll(argv[3]));
     }
     fprintf(stderr, "usage: see the comment at the top of kernel_driver.c\n");
     return 2;

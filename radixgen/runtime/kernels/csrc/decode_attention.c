@@ -76,6 +76,12 @@ static float max_of(const float *p, int64_t n) {
         const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
         max = _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
     }
+#elif defined(RG_NEON)
+    if (n >= 4) {
+        float32x4_t m = vld1q_f32(p);
+        for (s = 4; s + 4 <= n; s += 4) m = vmaxq_f32(m, vld1q_f32(p + s));
+        max = vmaxvq_f32(m);
+    }
 #endif
     for (; s < n; s++) max = p[s] > max ? p[s] : max;
     return max;
@@ -103,6 +109,15 @@ static float exp_sum(float *p, int64_t n, float max) {
         acc = _mm256_add_ps(acc, e);
     }
     sum = hsum(acc);
+#elif defined(RG_NEON)
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    const float32x4_t m = vdupq_n_f32(max);
+    for (; s + 4 <= n; s += 4) {
+        const float32x4_t e = exp4(vsubq_f32(vld1q_f32(p + s), m));
+        vst1q_f32(p + s, e);
+        acc = vaddq_f32(acc, e);
+    }
+    sum = vaddvq_f32(acc);
 #endif
     for (; s < n; s++) {
         p[s] = expf(p[s] - max);

@@ -43,6 +43,17 @@ static void norm_rows(void *job, int64_t begin, int64_t end, int tid) {
             acc = _mm256_fmadd_ps(v, v, acc);
         }
         ss = hsum(acc);
+#elif defined(RG_NEON)
+        float32x4_t acc = vdupq_n_f32(0.0f);
+        for (; i + 4 <= n; i += 4) {
+            float32x4_t v = vld1q_f32(x + i);
+            if (delta != NULL) {
+                v = vaddq_f32(v, vld1q_f32(delta + t * n + i));
+                vst1q_f32(x + i, v);
+            }
+            acc = vfmaq_f32(acc, v, v);
+        }
+        ss = vaddvq_f32(acc);
 #endif
         for (; i < n; i++) {
             if (delta != NULL) x[i] += delta[t * n + i];
@@ -82,6 +93,12 @@ static void silu_rows(void *job, int64_t begin, int64_t end, int tid) {
             const __m256 x = _mm256_loadu_ps(g + i);
             const __m256 sig = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, x))));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(sig, _mm256_loadu_ps(u + i)));
+        }
+#elif defined(RG_NEON)
+        for (; i + 4 <= inter; i += 4) {
+            const float32x4_t x = vld1q_f32(g + i);
+            const float32x4_t sig = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(x))));
+            vst1q_f32(o + i, vmulq_f32(sig, vld1q_f32(u + i)));
         }
 #endif
         for (; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
