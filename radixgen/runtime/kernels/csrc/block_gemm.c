@@ -200,7 +200,38 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
-/* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other. */
+/* Four activation bytes (k = 4g .. 4g + 3 of a limb) in every dword lane. */
+static inline __m256i bcast4(const int8_t *x) {
+    int32_t x4;
+    memcpy(&x4, x, 4);
+    return _mm256_set1_epi32(x4);
+}
+
+/* Dword lane c: the sum over the block's 32 k of weight row c (of this half; w[g]: k = 4g .. 4g + 3) times
+ * one limb's activation bytes xl. Integer sums, exact in any order. */
+static inline __attribute__((always_inline)) __m256i limb_dot(const int bits, const __m256i *w, const int8_t *xl) {
+#ifndef RG_AVXVNNI
+    if (bits == 4) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
+        __m256i s = _mm256_setzero_si256();
+        for (int g = 0; g < 8; g++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g)));
+        return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    }
+#endif
+    __m256i a = _mm256_setzero_si256();
+    for (int g = 0; g < 8; g++) {
+        const __m256i x = bcast4(xl + 4 * g);
+        if (bits == 4) a = dot4(a, w[g], x);
+#ifdef RG_AVXVNNI
+        else a = dot4(a, _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)), x);
+#else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
+        else a = dot4(a, _mm256_abs_epi8(w[g]), _mm256_sign_epi8(x, w[g]));
+#endif
+    }
+    return a;
+}
+
+/* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other; a
+ * block's weights are unpacked once for all mr rows. */
 static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
                                                          const uint16_t *d16, const uint16_t *m16, int64_t nb,
                                                          const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
@@ -212,33 +243,19 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + b * NR + 8 * h)));
             const __m256 m = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m16 + b * NR + 8 * h)))
                                        : _mm256_setzero_ps();
+            __m256i w[8];
+            for (int g = 0; g < 8; g++) {
+                if (bits == 4) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * 256 + 64 * (g & 3) + 32 * h));
+                    w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+                } else {
+                    w[g] = _mm256_loadu_si256((const __m256i *)(qs + b * 512 + 64 * g + 32 * h));
+                }
+            }
             for (int i = 0; i < mr; i++) {
                 const xblock *xb = xq + i * nb + b;
-                __m256i a[LIMBS] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-                for (int g = 0; g < 8; g++) {
-                    __m256i w;
-                    if (bits == 4) {
-                        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * 256 + 64 * (g & 3) + 32 * h));
-                        w = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
-                    } else {
-                        w = _mm256_loadu_si256((const __m256i *)(qs + b * 512 + 64 * g + 32 * h));
-                    }
-                    for (int l = 0; l < LIMBS; l++) {
-                        int32_t x4;
-                        memcpy(&x4, xb->q[l] + 4 * g, 4);
-                        __m256i x = _mm256_set1_epi32(x4);
-                        if (bits == 8) {
-#ifdef RG_AVXVNNI
-                            a[l] = dot4(a[l], _mm256_xor_si256(w, _mm256_set1_epi8(-128)), x);
-                            continue;
-#else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
-                            a[l] = dot4(a[l], _mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
-                            continue;
-#endif
-                        }
-                        a[l] = dot4(a[l], w, x);
-                    }
-                }
+                __m256i a[LIMBS];
+                for (int l = 0; l < LIMBS; l++) a[l] = limb_dot(bits, w, xb->q[l]);
 #ifdef RG_AVXVNNI
                 if (bits == 8)
                     for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
