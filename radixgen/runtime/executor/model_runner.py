@@ -76,6 +76,8 @@ class ModelRunner:
         wide = wide_matmul_dtype(config.wide_matmul_dtype) if blocks is not None else self.dtype
         self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
                               c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide)
+        if self.attention.name == "triton":
+            self.model.use_triton_rope()
         logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
                     model_config.num_layers, model_config.vocab_size)
         mc = model_config

@@ -89,7 +89,7 @@ class DecoderLayer(nn.Module):
 
     def use_c_kernels(self) -> None:
         """Per-token ops in C (CPU float32); layers with q/k norms keep the torch path."""
-        c = self.attn.can_rope_in_c
+        c = self.attn.can_fuse_rope
         self.input_norm.in_c = self.post_attn_norm.in_c = self.mlp.act.in_c = self.attn.rope_in_c = c
 
 
@@ -149,6 +149,13 @@ class LlamaModel(nn.Module):
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
             self.long_extend_min = block_rows_limit()
 
+    def use_triton_rope(self) -> None:
+        """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch
+        (`kernels/triton_rope.py`) instead of C or torch ops, where no q/k norm comes between."""
+        for layer in self.layers:
+            layer.attn.rope_in_triton = layer.attn.can_fuse_rope
+            layer.attn.rope_in_c = False
+
     @property
     def block_weight_count(self) -> int:
         """How many matrices run on GGUF blocks (layers' fused matrices plus the head)."""
@@ -204,7 +211,7 @@ class LlamaModel(nn.Module):
                                  call.req_rows, call.seq_lens, call.shared)
         else:
             ctx = ForwardContext(fb, pool, backend, meta, self.rotary)
-            if not all(layer.attn.rope_in_c for layer in self.layers):
+            if not all(layer.attn.rope_in_c or layer.attn.rope_in_triton for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
             long = self.long_extend_min
             with wide_rows(() if long is None else long_extend_runs(fb.extend_lens, long)):

@@ -1,7 +1,8 @@
 """One decoder layer's attention: rotary embedding, K/V store into the pool, the backend's attention.
 
-Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. With `rope_in_c` (CPU float32, no q/k norm)
-rotary and the K/V store are one C call on the projection in place (`kernels/layer_ops.rope_store`);
+Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. Without q/k norms, rotary and the K/V store are
+one call on the projection in place: C with `rope_in_c` (CPU float32, `kernels/layer_ops.rope_store`),
+Triton with `rope_in_triton` (the Triton attention backend, `kernels/triton_rope.rope_store`);
 otherwise torch ops, with Qwen3's per-head q/k RMSNorm before the rotary.
 """
 
@@ -45,9 +46,11 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.rope_in_c = False  # set by `use_c_kernels` where it applies
+        self.rope_in_triton = False  # set by `use_triton_rope` where it applies
 
     @property
-    def can_rope_in_c(self) -> bool:
+    def can_fuse_rope(self) -> bool:
+        """Rotary and the K/V store can be one kernel: no q/k norm comes between the projection and them."""
         return self.q_norm is None
 
     def forward(self, qkv: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:  # [T, H * D]
@@ -57,6 +60,12 @@ class Attention(nn.Module):
         if self.rope_in_c:
             layer_ops.rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin,
                                  fb.positions, fb.out_cache_loc, k_buf, v_buf)
+            q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        elif self.rope_in_triton:
+            from radixgen.runtime.kernels import triton_rope  # lazy: triton
+
+            triton_rope.rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin,
+                                   fb.positions, fb.out_cache_loc, k_buf, v_buf)
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
         else:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
