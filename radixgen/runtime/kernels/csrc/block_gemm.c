@@ -61,6 +61,15 @@ static void quantize_block(const float *x, xblock *out) {
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+#elif defined(RG_NEON)
+    float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);
+    for (int i = 0; i < 8; i++) {
+        v[i] = vld1q_f32(x + 4 * i);
+        mx = vmaxq_f32(mx, vabsq_f32(v[i]));
+        sm = vaddq_f32(sm, v[i]);
+    }
+    amax = vmaxvq_f32(mx);
+    out->sum = vaddvq_f32(sm);
 #else
     float sum = 0.0f;
     for (int j = 0; j < QK; j++) {
@@ -88,6 +97,20 @@ static void quantize_block(const float *x, xblock *out) {
         out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
+    }
+#elif defined(RG_NEON)
+    for (int i = 0; i < 8; i++) v[i] = vmulq_n_f32(v[i], inv);
+    for (int l = 0; l < LIMBS; l++) {
+        int32x4_t qs = vdupq_n_s32(0);
+        for (int i = 0; i < 8; i += 2) {  /* rounded to nearest even, as rintf */
+            const float32x4_t q0 = vrndnq_f32(v[i]), q1 = vrndnq_f32(v[i + 1]);
+            const int32x4_t i0 = vcvtq_s32_f32(q0), i1 = vcvtq_s32_f32(q1);
+            vst1_s8(out->q[l] + 4 * i, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
+            qs = vaddq_s32(qs, vaddq_s32(i0, i1));
+            v[i] = vmulq_n_f32(vsubq_f32(v[i], q0), LIMB_BASE);
+            v[i + 1] = vmulq_n_f32(vsubq_f32(v[i + 1], q1), LIMB_BASE);
+        }
+        out->qsum[l] = vaddvq_s32(qs);
     }
 #else
     float r[QK];
