@@ -259,20 +259,27 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
                                                          const uint16_t *d16, const uint16_t *m16, int64_t nb,
                                                          const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
     const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
+    const int64_t block_bytes = bits == 4 ? 256 : 512;
     for (int h = 0; h < 2; h++) {
         __m256 acc[MR];
         for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
+            if (h == 0) {  /* the first half's pass streams the panel in (as the AVX-512 path: 8 blocks ahead) */
+                const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
+                for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)(d16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
+                if (bits == 4) _mm_prefetch((const char *)(m16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
+            }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + b * NR + 8 * h)));
             const __m256 m = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m16 + b * NR + 8 * h)))
                                        : _mm256_setzero_ps();
             __m256i w[8];
             for (int g = 0; g < 8; g++) {
                 if (bits == 4) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * 256 + 64 * (g & 3) + 32 * h));
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * block_bytes + 64 * (g & 3) + 32 * h));
                     w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
                 } else {
-                    w[g] = _mm256_loadu_si256((const __m256i *)(qs + b * 512 + 64 * g + 32 * h));
+                    w[g] = _mm256_loadu_si256((const __m256i *)(qs + b * block_bytes + 64 * g + 32 * h));
                 }
             }
             for (int i = 0; i < mr; i++) {
