@@ -16,7 +16,9 @@ Per round (ours on the default config: float32, GGUF blocks):
 The machine's speed drifts by 20-30% over minutes (a shared VM), so the sides alternate for `--rounds`
 rounds and ratios use the means; each side runs with no idle OpenMP team of the other's in the
 process (ours: a fresh engine per case, shut down after; the peers: on short-lived threads).
-The summary prints each ratio the performance issue asks for next to its bar, and the load average.
+The summary prints each ratio the performance issue asks for next to its bar, and the load average;
+also this machine's memory read bandwidth and the long-context ratio it allows at most (the extra
+K/V bytes read at that bandwidth on top of the 256-token step).
 
 --scale: ours only, aggregate decode at batch 1/4/16/64/128 and batch-1 decode at 256/2k/8k context.
 Usage: python benchmarks/bench_decode.py [--rounds 2] [--new-tokens 128] [--scale] [--no-hf]
@@ -202,6 +204,30 @@ def run_probe(kind: str, new_tokens: int) -> dict:
     return {"decode_b1_tok_s": json.loads(line)["decode_b1_tok_s"]}
 
 
+def read_bandwidth_gbs() -> float:
+    """This machine's memory read bandwidth, GB/s: the best of four sums of a 512 MiB float32 tensor
+    on torch's threads (a streaming read, as decode attention's)."""
+    x = torch.ones(128 << 20)
+    best = 0.0
+    for _ in range(4):
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def context_ceiling(tok_s_256: float, kv_dtype: str, bandwidth_gbs: float) -> float:
+    """The highest decode-at-LONG over decode-at-256 ratio the memory allows: a step at LONG reads the
+    extra tokens' K and V in every layer at `bandwidth_gbs`, on top of the 256-token step."""
+    from radixgen.runtime.models.loader import open_checkpoint
+
+    cfg = open_checkpoint(None)[0]
+    elem = {"auto": 4, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[kv_dtype]
+    head_bytes = cfg.head_dim * elem + (4 if kv_dtype == "int8" else 0)  # int8 rows carry a float scale
+    extra_s = (LONG - 256) * cfg.num_layers * 2 * cfg.num_kv_heads * head_bytes / (bandwidth_gbs * 1e9)
+    return (1 / tok_s_256) / (1 / tok_s_256 + extra_s)
+
+
 def mean_of(runs: list[dict]) -> dict:
     return {k: statistics.mean(r[k] for r in runs) for k in runs[0]}
 
@@ -257,6 +283,7 @@ def main() -> None:
             emit(f"radixgen-{kind}-process", rnd, runs[kind][-1])
     mean = {name: mean_of(rs) for name, rs in runs.items() if rs}
     ours, ctx = mean["ours"], mean["ours-context"]
+    bandwidth = on_short_lived_thread(read_bandwidth_gbs)
     ratios = {  # name: (value, bar)
         "streamed_over_non_streamed_b1": (ours["decode_b1_streamed_tok_s"] / ours["decode_b1_tok_s"], 0.97),
         "b64_over_b16_aggregate": (ours["decode_b64_tok_s"] / ours["decode_b16_tok_s"], 1.8),
@@ -275,6 +302,9 @@ def main() -> None:
     summary = {"bench": "decode", "threads": threads, "rounds": args.rounds,
                "load_avg_start_end": [round(load_start[0], 2), round(os.getloadavg()[0], 2)],
                **{k: round(v, 2) for k, (v, _) in ratios.items()},
+               "memory_read_gbs": round(bandwidth, 1),
+               f"ctx{LONG}_over_ctx256_bandwidth_ceiling": round(context_ceiling(
+                   ctx["decode_ctx256_tok_s"], args.kv_cache_dtype, bandwidth), 2),
                "bars_met": {k: v >= bar for k, (v, bar) in ratios.items() if bar is not None}}
     print(json.dumps(summary))
 
