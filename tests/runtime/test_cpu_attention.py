@@ -67,6 +67,17 @@ def test_decode_attention_matches_naive(heads, kv_heads, head_dim, dtype, q_dtyp
     assert (out.double() - ref).abs().max().item() <= tol
 
 
+def assert_each_alone_and_exact(q, k_buf, v_buf, table, rows, lens, scale):
+    """The batch's output row by row is bitwise each request's output alone, and matches float64."""
+    together = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
+    for i in range(len(lens)):
+        one = slice(i, i + 1)
+        alone = cpu_attention.decode_attention(q[one], k_buf, v_buf, table, rows[one], lens[one], scale)
+        assert torch.equal(together[i], alone[0]), i
+    ref = naive(q, kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
+    assert (together.double() - ref).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
 def test_rows_of_one_request_read_together_equal_each_alone(dtype):
     """Rows verifying drafts: consecutive rows on one req_to_token row whose lengths grow by one
@@ -82,14 +93,7 @@ def test_rows_of_one_request_read_together_equal_each_alone(dtype):
     rows = torch.tensor([3, 1, 1, 1, 1, 1, 3])  # request 1 verifies 4 drafts: lengths 254..258 cross 256
     lens = torch.tensor([300, 254, 255, 256, 257, 258, 120])
     q = torch.randn(len(lens), heads, d, generator=g)
-    scale = d**-0.5
-    together = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
-    for i in range(len(lens)):
-        one = slice(i, i + 1)
-        alone = cpu_attention.decode_attention(q[one], k_buf, v_buf, table, rows[one], lens[one], scale)
-        assert torch.equal(together[i], alone[0]), i
-    ref = naive(q, kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
-    assert (together.double() - ref).abs().max().item() <= 1e-5
+    assert_each_alone_and_exact(q, k_buf, v_buf, table, rows, lens, d**-0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int8])
@@ -105,14 +109,7 @@ def test_long_requests_in_longer_chunks(dtype):
     rows = torch.tensor([0, 1, 1, 1, 1, 2])
     lens = torch.tensor([9000, 2047, 2048, 2049, 2050, 4097])
     q = torch.randn(len(lens), heads, d, generator=g)
-    scale = d**-0.5
-    together = cpu_attention.decode_attention(q, k_buf, v_buf, table, rows, lens, scale)
-    for i in range(len(lens)):
-        one = slice(i, i + 1)
-        alone = cpu_attention.decode_attention(q[one], k_buf, v_buf, table, rows[one], lens[one], scale)
-        assert torch.equal(together[i], alone[0]), i
-    ref = naive(q, kv_values(k_buf), kv_values(v_buf), table, rows, lens, scale)
-    assert (together.double() - ref).abs().max().item() <= 1e-5
+    assert_each_alone_and_exact(q, k_buf, v_buf, table, rows, lens, d**-0.5)
 
 
 def test_decode_attention_rejects_bad_input():
