@@ -10,7 +10,7 @@
  * s = max|x| / 127, x = s * (x0 + x1 / 254 + x2 / 254^2) to 2^-24 of the block's largest value, which is
  * float32's own precision (one limb, as llama.cpp uses, moves SmolLM2's logits by up to ~1.4; two
  * by ~5e-3; three by ~1e-4, the same as float32 GEMMs). Each limb's dot product with q is exact in
- * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair), and the three
+ * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair; Arm64's sdot), and the three
  * combine in float. Per weight that is ~5x fewer vector instructions than widening each weight to
  * float32, so one decode row runs at the speed the weights stream in.
  *
