@@ -276,7 +276,8 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
             __m256i w[8];
             for (int g = 0; g < 8; g++) {
                 if (bits == 4) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + b * block_bytes + 64 * (g & 3) + 32 * h));
+                    const uint8_t *q = qs + b * block_bytes + 64 * (g & 3) + 32 * h;
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
                     w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
                 } else {
                     w[g] = _mm256_loadu_si256((const __m256i *)(qs + b * block_bytes + 64 * g + 32 * h));
