@@ -152,8 +152,10 @@ class LlamaModel(nn.Module):
     def use_triton_rope(self) -> None:
         """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch
         (`kernels/triton_rope.py`) instead of C or torch ops, where no q/k norm comes between."""
+        from radixgen.runtime.kernels import triton_rope  # lazy: triton
+
         for layer in self.layers:
-            layer.attn.rope_in_triton = layer.attn.can_fuse_rope
+            layer.attn.triton_rope = triton_rope.rope_store if layer.attn.can_fuse_rope else None
             layer.attn.rope_in_c = False
 
     @property
@@ -211,7 +213,7 @@ class LlamaModel(nn.Module):
                                  call.req_rows, call.seq_lens, call.shared)
         else:
             ctx = ForwardContext(fb, pool, backend, meta, self.rotary)
-            if not all(layer.attn.rope_in_c or layer.attn.rope_in_triton for layer in self.layers):
+            if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
             long = self.long_extend_min
             with wide_rows(() if long is None else long_extend_runs(fb.extend_lens, long)):

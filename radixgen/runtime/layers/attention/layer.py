@@ -2,12 +2,13 @@
 
 Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. Without q/k norms, rotary and the K/V store are
 one call on the projection in place: C with `rope_in_c` (CPU float32, `kernels/layer_ops.rope_store`),
-Triton with `rope_in_triton` (the Triton attention backend, `kernels/triton_rope.rope_store`);
+Triton with `triton_rope` (the Triton attention backend, `kernels/triton_rope.rope_store`);
 otherwise torch ops, with Qwen3's per-head q/k RMSNorm before the rotary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.rope_in_c = False  # set by `use_c_kernels` where it applies
-        self.rope_in_triton = False  # set by `use_triton_rope` where it applies
+        self.triton_rope: Callable[..., None] | None = None  # Triton's rope_store, set by `use_triton_rope`
 
     @property
     def can_fuse_rope(self) -> bool:
@@ -57,15 +58,10 @@ class Attention(nn.Module):
         t = qkv.shape[0]
         fb, pool = ctx.batch, ctx.pool
         k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
-        if self.rope_in_c:
-            layer_ops.rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin,
-                                 fb.positions, fb.out_cache_loc, k_buf, v_buf)
-            q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
-        elif self.rope_in_triton:
-            from radixgen.runtime.kernels import triton_rope  # lazy: triton
-
-            triton_rope.rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin,
-                                   fb.positions, fb.out_cache_loc, k_buf, v_buf)
+        if self.rope_in_c or self.triton_rope is not None:
+            rope_store = layer_ops.rope_store if self.rope_in_c else self.triton_rope
+            rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin, fb.positions,
+                       fb.out_cache_loc, k_buf, v_buf)
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
         else:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
