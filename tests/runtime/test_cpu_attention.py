@@ -38,8 +38,8 @@ def naive(q, k_buf, v_buf, table, rows, lens, scale):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 64), (8, 2, 128), (12, 2, 48), (10, 1, 40),
-                                                     (4, 4, 16)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 64), (32, 8, 64), (14, 2, 64), (8, 2, 128),
+                                                     (16, 8, 128), (12, 2, 48), (10, 1, 40), (4, 4, 16)])
 @pytest.mark.parametrize("dtype,q_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
                                            (torch.bfloat16, torch.float32), (torch.float16, torch.float32),
                                            (torch.int8, torch.float32)])

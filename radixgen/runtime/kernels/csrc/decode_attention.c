@@ -153,14 +153,81 @@ static inline __attribute__((always_inline)) void key_dots(const int N, const fl
     for (int g = 0; g < N; g++) part[g * 16] = a[g];
 }
 
-/* scores[h * stride + s] = scale * dot(q_h, k_s) for all H heads and the m <= 16 keys at slots, for
- * D % 16 == 0: key by key, every KV head of a key (its whole row) before the next key, so the reads
- * are in address order (~9% faster at 8k keys from DRAM than a KV head's slice of 16 keys at a time).
- * Keys up to `avail` from slots are prefetched ahead (their V rows into L2). part: [H, 16] vectors of
- * scratch. */
-static void scores16_rows(const float *q, const void *k_buf, const void *v_buf, const int64_t *slots, int64_t m,
-                          int64_t avail, int64_t H, int64_t Hkv, int64_t D, int64_t row_elems, float scale, int kv,
-                          float *scores, int64_t stride, __m512 *part) {
+/* part[g * 16 + j] = per-lane products of q_g (NH heads, held in registers) and the head row at element
+ * off of each of the m <= 16 keys at slots, for D = 16 DV (DV even): even and odd vectors sum apart, two
+ * short dependency chains per head. The first pf_count keys each prefetch one of the rows pf_rows (K
+ * and V, whole rows into L2), so the next block streams in evenly, in address order, over the passes. */
+static inline __attribute__((always_inline)) void slice_dots(const int NH, const int DV, const float *q,
+                                                             const void *k_buf, const void *v_buf,
+                                                             const int64_t *slots, int64_t m, const int64_t *pf_rows,
+                                                             int64_t pf_count, int64_t off, int64_t row_elems,
+                                                             int kv, __m512 *part) {
+    __m512 qv[4][8];
+    for (int g = 0; g < NH; g++)
+        for (int i = 0; i < DV; i++) qv[g][i] = _mm512_loadu_ps(q + g * 16 * DV + 16 * i);
+    for (int64_t j = 0; j < m; j++) {
+        if (j < pf_count) {
+            const int64_t row_bytes = row_elems * rg_kv_bytes(kv);
+            prefetch_row_l2(k_buf, pf_rows[j] * row_elems, row_bytes, kv);
+            prefetch_row_l2(v_buf, pf_rows[j] * row_elems, row_bytes, kv);
+        }
+        const int64_t base = slots[j] * row_elems + off;
+        __m512 e[4], o[4];
+        const __m512 k0 = rg_kv_load16(k_buf, base, kv), k1 = rg_kv_load16(k_buf, base + 16, kv);
+        for (int g = 0; g < NH; g++) {
+            e[g] = _mm512_mul_ps(qv[g][0], k0);
+            o[g] = _mm512_mul_ps(qv[g][1], k1);
+        }
+        for (int i = 2; i < DV; i += 2) {
+            const __m512 ke = rg_kv_load16(k_buf, base + 16 * i, kv);
+            const __m512 ko = rg_kv_load16(k_buf, base + 16 * i + 16, kv);
+            for (int g = 0; g < NH; g++) {
+                e[g] = _mm512_fmadd_ps(qv[g][i], ke, e[g]);
+                o[g] = _mm512_fmadd_ps(qv[g][i + 1], ko, o[g]);
+            }
+        }
+        const __m512 ks = _mm512_set1_ps(rg_kv_row_scale(k_buf, base, 16 * DV, kv));
+        for (int g = 0; g < NH; g++) {
+            const __m512 a = _mm512_add_ps(e[g], o[g]);
+            part[g * 16 + j] = kv == RG_KV_I8 ? _mm512_mul_ps(a, ks) : a;
+        }
+    }
+}
+
+/* part[h * 16 + j] for all H heads and the m <= 16 keys at slots, D = 16 DV (DV = 4 or 8): a KV head's
+ * slice of the m keys at a time, up to 12 vectors of its query heads in registers (~15% faster than
+ * key_parts from cache). The next block's rows (keys 16 .. 32 from slots, up to `avail`) stream into L2
+ * spread over the passes, whole rows in address order (from DRAM, prefetching only each pass's slice
+ * is ~15% slower at 8k keys). */
+static inline __attribute__((always_inline)) void slice_parts(const int DV, const float *q, const void *k_buf,
+                                                              const void *v_buf, const int64_t *slots, int64_t m,
+                                                              int64_t avail, int64_t H, int64_t Hkv,
+                                                              int64_t row_elems, int kv, __m512 *part) {
+    const int64_t D = 16 * DV, G = H / Hkv, hs = rg_kv_head_stride(kv, D), hb = DV == 4 ? 3 : 2;
+    const int64_t left_ahead = avail - PREFETCH_AHEAD, ahead = left_ahead < 0 ? 0 : left_ahead < 16 ? left_ahead : 16;
+    const int64_t per_hkv = (G + hb - 1) / hb, passes = Hkv * per_hkv;
+    for (int64_t hkv = 0; hkv < Hkv; hkv++)
+        for (int64_t h = hkv * G; h < (hkv + 1) * G; h += hb) {
+            const int64_t pass = hkv * per_hkv + (h - hkv * G) / hb;
+            const int64_t p0 = ahead * pass / passes, npf = ahead * (pass + 1) / passes - p0;
+            const int64_t *pf = slots + PREFETCH_AHEAD + p0, left = (hkv + 1) * G - h;
+            const float *qh = q + h * D;
+            __m512 *ph = part + h * 16;
+#define SLICE(NH) slice_dots(NH, DV, qh, k_buf, v_buf, slots, m, pf, npf, hkv * hs, row_elems, kv, ph)
+            if (left >= 3 && hb >= 3) SLICE(3);
+            else if (left >= 2) SLICE(2);
+            else SLICE(1);
+#undef SLICE
+        }
+}
+
+/* slice_parts for any D % 16 == 0: key by key, every KV head of a key (its whole row) before the next
+ * key, so the reads are in address order. Keys up to `avail` from slots are prefetched ahead (their V
+ * rows into L2). */
+static inline __attribute__((always_inline)) void key_parts(const float *q, const void *k_buf, const void *v_buf,
+                                                            const int64_t *slots, int64_t m, int64_t avail, int64_t H,
+                                                            int64_t Hkv, int64_t D, int64_t row_elems, int kv,
+                                                            __m512 *part) {
     const int64_t G = H / Hkv, hs = rg_kv_head_stride(kv, D), row_bytes = row_elems * rg_kv_bytes(kv);
     for (int64_t j = 0; j < m; j++) {
         const int64_t base = slots[j] * row_elems;
@@ -180,6 +247,18 @@ static void scores16_rows(const float *q, const void *k_buf, const void *v_buf, 
                 }
             }
     }
+}
+
+/* scores[h * stride + s] = scale * dot(q_h, k_s) for all H heads and the m <= 16 keys at slots, for
+ * D % 16 == 0, from per-lane partial products (part: [H, 16] vectors of scratch) summed 16 keys at a
+ * time. */
+static inline __attribute__((always_inline)) void scores16_rows(const float *q, const void *k_buf,
+                                                                const void *v_buf, const int64_t *slots, int64_t m,
+                                                                int64_t avail, int64_t H, int64_t Hkv, int64_t D,
+                                                                int64_t row_elems, float scale, int kv, float *scores,
+                                                                int64_t stride, __m512 *part) {
+    if (D == 64 || D == 128) slice_parts((int)(D / 16), q, k_buf, v_buf, slots, m, avail, H, Hkv, row_elems, kv, part);
+    else key_parts(q, k_buf, v_buf, slots, m, avail, H, Hkv, D, row_elems, kv, part);
     for (int64_t h = 0; h < H; h++)  /* a partial last block: zero lanes, not stored */
         for (int64_t j = m; j < 16; j++) part[h * 16 + j] = _mm512_setzero_ps();
     const __mmask16 keep = (__mmask16)((1u << m) - 1u);
@@ -401,59 +480,100 @@ typedef struct {
 
 #define BLOCK_KEYS 16  /* keys that every KV head attends before the next keys: their whole rows are read together */
 
-/* Items (work units): for each chunk of the unit, its heads' scores, softmax statistics and
- * exp-weighted values. The chunk's keys go BLOCK_KEYS at a time through every KV head, so memory is read
- * a block of whole K/V rows after another, not one KV head's slice of every key in turn (~25% faster at
- * 8k keys, which are read from DRAM); with AVX-512 the scores go key by key within the block. A unit's chunks
- * read the same keys (rows of one request verifying drafts), so the keys come from this core's cache
- * after the first; each chunk's arithmetic is the same as alone. */
-static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
-    const attention_job *j = (const attention_job *)job;
-    const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, row = Hkv * rg_kv_head_stride(j->kv, D);
-    float scores[H * CHUNK_KEYS_MAX];  /* [H, n] */
-    float o[H * D];                /* [H, D] */
+/* One chunk's heads: scores, softmax statistics and exp-weighted values into its partials. The keys go
+ * BLOCK_KEYS at a time through every KV head, so memory is read a block of whole K/V rows after
+ * another, not one KV head's slice of every key in turn (~25% faster at 8k keys, which are read from
+ * DRAM). kv and D are compile-time constants where attention_chunks specializes them, so the loads and
+ * loops are resolved once, not per key. scores: [H, CHUNK_KEYS_MAX], o: [H, D], part16: scores16_rows'
+ * [H, 16] vectors of scratch (AVX-512). */
+static inline __attribute__((always_inline)) void attend_chunk(const attention_job *j, int64_t chunk, const int kv,
+                                                               const int64_t D, float *scores, float *o, void *part16) {
+    const int64_t H = j->H, Hkv = j->Hkv, G = H / Hkv, row = Hkv * rg_kv_head_stride(kv, D), b = j->chunk_req[chunk];
+    const int64_t size = chunk_keys(j->seq_lens[b] - j->start), k0 = j->start + j->chunk_idx[chunk] * size;
+    const int64_t n = j->seq_lens[b] - k0 < size ? j->seq_lens[b] - k0 : size;
+    const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
+    const float *qb = j->q + b * H * D;  /* [H, D] */
+    float *part = j->partials + chunk * H * (2 + D);
+    (void)part16;
+    for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
+        const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
 #ifdef RG_AVX512
-    __m512 part16[H * 16];         /* [H, 16] scores16_rows' partial products */
+        if (D % 16 == 0) {
+            scores16_rows(qb, j->k_buf, j->v_buf, slots + s0, m, n - s0, H, Hkv, D, row, j->scale, kv, scores + s0, n,
+                          (__m512 *)part16);
+            continue;
+        }
 #endif
-    (void)tid;
-    for (int64_t unit = begin; unit < end; unit++) {
-        for (int64_t e = j->unit_first[unit]; e < j->unit_first[unit + 1]; e++) {
-            const int64_t chunk = j->unit_chunks[e], b = j->chunk_req[chunk];
-            const int64_t size = chunk_keys(j->seq_lens[b] - j->start), k0 = j->start + j->chunk_idx[chunk] * size;
-            const int64_t n = j->seq_lens[b] - k0 < size ? j->seq_lens[b] - k0 : size;
-            const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride + k0;
-            const float *qb = j->q + b * H * D;  /* [H, D] */
-            float *part = j->partials + chunk * H * (2 + D);
-            for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
-                const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
+        for (int64_t hkv = 0; hkv < Hkv; hkv++)
+            for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX)
+                heads_pass(1, heads_at(h, hkv, G), qb + h * D, j->k_buf, j->v_buf, slots + s0, m, n - s0, hkv, D, row,
+                           j->scale, kv, scores + h * n + s0, n);
+    }
+    for (int64_t h = 0; h < H; h++) {
+        float *p = scores + h * n, max = max_of(p, n);
+        part[h * (2 + D)] = max;
+        part[h * (2 + D) + 1] = exp_sum(p, n, max);
+    }
+    memset(o, 0, sizeof(float) * (size_t)(H * D));
+    for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
+        const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
+        for (int64_t hkv = 0; hkv < Hkv; hkv++)
+            for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX) {
+                const float *probs = scores + h * n + s0;
 #ifdef RG_AVX512
+#define VALUES(N) values16_g(N, probs, n, j->v_buf, slots + s0, m, n - s0, hkv, D, row, kv, o + h * D)
                 if (D % 16 == 0) {
-                    scores16_rows(qb, j->k_buf, j->v_buf, slots + s0, m, n - s0, H, Hkv, D, row, j->scale, j->kv,
-                                  scores + s0, n, part16);
+                    switch (heads_at(h, hkv, G)) {
+                        case 1: VALUES(1); break;
+                        case 2: VALUES(2); break;
+                        case 3: VALUES(3); break;
+                        default: VALUES(4);
+                    }
                     continue;
                 }
+#undef VALUES
 #endif
-                for (int64_t hkv = 0; hkv < Hkv; hkv++)
-                    for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX)
-                        heads_pass(1, heads_at(h, hkv, G), qb + h * D, j->k_buf, j->v_buf, slots + s0, m, n - s0, hkv,
-                                   D, row, j->scale, j->kv, scores + h * n + s0, n);
+                heads_pass(2, heads_at(h, hkv, G), probs, j->k_buf, j->v_buf, slots + s0, m, n - s0, hkv, D, row, 0.0f,
+                           kv, o + h * D, n);
             }
-            for (int64_t h = 0; h < H; h++) {
-                float *p = scores + h * n, max = max_of(p, n);
-                part[h * (2 + D)] = max;
-                part[h * (2 + D) + 1] = exp_sum(p, n, max);
-            }
-            memset(o, 0, sizeof(float) * (size_t)(H * D));
-            for (int64_t s0 = 0; s0 < n; s0 += BLOCK_KEYS) {
-                const int64_t m = n - s0 < BLOCK_KEYS ? n - s0 : BLOCK_KEYS;
-                for (int64_t hkv = 0; hkv < Hkv; hkv++)
-                    for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX)
-                        heads_pass(2, heads_at(h, hkv, G), scores + h * n + s0, j->k_buf, j->v_buf, slots + s0, m,
-                                   n - s0, hkv, D, row, 0.0f, j->kv, o + h * D, n);
-            }
-            for (int64_t h = 0; h < H; h++) memcpy(part + h * (2 + D) + 2, o + h * D, sizeof(float) * (size_t)D);
-        }
     }
+    for (int64_t h = 0; h < H; h++) memcpy(part + h * (2 + D) + 2, o + h * D, sizeof(float) * (size_t)D);
+}
+
+/* Items (work units): each chunk of the unit (attend_chunk). A unit's chunks read the same keys (rows of
+ * one request verifying drafts), so the keys come from this core's cache after the first; each chunk's
+ * arithmetic is the same as alone. */
+static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
+    const attention_job *j = (const attention_job *)job;
+    const int64_t H = j->H, D = j->D;
+    float scores[H * CHUNK_KEYS_MAX];  /* [H, n] */
+    float o[H * D];                    /* [H, D] */
+#ifdef RG_AVX512
+    __m512 part16[H * 16];             /* [H, 16] scores16_rows' partial products */
+#else
+    void *part16 = NULL;
+#endif
+    (void)tid;
+    for (int64_t unit = begin; unit < end; unit++)
+        for (int64_t e = j->unit_first[unit]; e < j->unit_first[unit + 1]; e++) {
+            const int64_t chunk = j->unit_chunks[e];
+#ifdef RG_AVX512
+#define KV_CASE(KV)                                                      \
+    case KV:                                                             \
+        if (D == 64) attend_chunk(j, chunk, KV, 64, scores, o, part16);  \
+        else attend_chunk(j, chunk, KV, 128, scores, o, part16);         \
+        continue;
+            if (D == 64 || D == 128)  /* compiled for each KV dtype at these head sizes (~10% faster) */
+                switch (j->kv) {
+                    KV_CASE(RG_KV_F32)
+                    KV_CASE(RG_KV_BF16)
+                    KV_CASE(RG_KV_F16)
+                    KV_CASE(RG_KV_I8)
+                }
+#undef KV_CASE
+#endif
+            attend_chunk(j, chunk, j->kv, D, scores, o, part16);
+        }
 }
 
 /* Items (request, KV head): merge the request's chunks by their log-sum-exp. */
