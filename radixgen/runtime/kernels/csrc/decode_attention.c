@@ -422,9 +422,11 @@ static inline __attribute__((always_inline)) void values_g(const int G, const fl
 
 /* Scores (pass 1: K into out[g * stride + s], V prefetched) or values (pass 2: V added to out[g * D + d],
  * probs[g * stride + s]) of heads g0 .. g0 + n (n <= GMAX) and S keys at slots, with a compile-time head count. */
-static void heads_pass(int pass, int n, const float *q_or_probs, const void *k_buf, const void *v_buf,
-                       const int64_t *slots, int64_t S, int64_t avail, int64_t hkv, int64_t D, int64_t row_elems,
-                       float scale, int kv, float *out, int64_t stride) {
+static inline __attribute__((always_inline)) void heads_pass(int pass, int n, const float *q_or_probs,
+                                                              const void *k_buf, const void *v_buf,
+                                                              const int64_t *slots, int64_t S, int64_t avail,
+                                                              int64_t hkv, int64_t D, int64_t row_elems, float scale,
+                                                              int kv, float *out, int64_t stride) {
 #ifdef RG_AVX512
 #define WIDE_CASE(N)                                                                                           \
     if (D % 16 == 0 && pass == 2) {  /* pass 1 at D % 16 == 0: scores16_rows */                               \
@@ -520,19 +522,6 @@ static inline __attribute__((always_inline)) void attend_chunk(const attention_j
         for (int64_t hkv = 0; hkv < Hkv; hkv++)
             for (int64_t h = hkv * G; h < (hkv + 1) * G; h += GMAX) {
                 const float *probs = scores + h * n + s0;
-#ifdef RG_AVX512
-#define VALUES(N) values16_g(N, probs, n, j->v_buf, slots + s0, m, n - s0, hkv, D, row, kv, o + h * D)
-                if (D % 16 == 0) {
-                    switch (heads_at(h, hkv, G)) {
-                        case 1: VALUES(1); break;
-                        case 2: VALUES(2); break;
-                        case 3: VALUES(3); break;
-                        default: VALUES(4);
-                    }
-                    continue;
-                }
-#undef VALUES
-#endif
                 heads_pass(2, heads_at(h, hkv, G), probs, j->k_buf, j->v_buf, slots + s0, m, n - s0, hkv, D, row, 0.0f,
                            kv, o + h * D, n);
             }
@@ -563,7 +552,7 @@ static void attention_chunks(void *job, int64_t begin, int64_t end, int tid) {
         if (D == 64) attend_chunk(j, chunk, KV, 64, scores, o, part16);  \
         else attend_chunk(j, chunk, KV, 128, scores, o, part16);         \
         continue;
-            if (D == 64 || D == 128)  /* compiled for each KV dtype at these head sizes (~10% faster) */
+            if (D == 64 || D == 128)  /* compiled for each KV dtype at these head sizes: ~14% less compute */
                 switch (j->kv) {
                     KV_CASE(RG_KV_F32)
                     KV_CASE(RG_KV_BF16)
