@@ -61,6 +61,18 @@ static void quantize_block(const float *x, xblock *out) {
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+#elif defined(RG_AVX2)
+    __m256 v[4], mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
+        sm = _mm256_add_ps(sm, v[i]);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    out->sum = hsum(sm);
 #elif defined(RG_NEON)
     float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);
     for (int i = 0; i < 8; i++) {
@@ -97,6 +109,25 @@ static void quantize_block(const float *x, xblock *out) {
         out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
+    }
+#elif defined(RG_AVX2)
+    for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
+    for (int l = 0; l < LIMBS; l++) {
+        __m256i qs = _mm256_setzero_si256();
+        __m256i q32[4];
+        for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
+            const __m256 q = _mm256_round_ps(v[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q32[i] = _mm256_cvtps_epi32(q);
+            qs = _mm256_add_epi32(qs, q32[i]);
+            v[i] = _mm256_mul_ps(_mm256_sub_ps(v[i], q), _mm256_set1_ps(LIMB_BASE));
+        }
+        /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
+        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
+        _mm256_storeu_si256((__m256i *)out->q[l],
+                            _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+        out->qsum[l] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, _MM_SHUFFLE(2, 3, 0, 1))));
     }
 #elif defined(RG_NEON)
     for (int i = 0; i < 8; i++) v[i] = vmulq_n_f32(v[i], inv);
