@@ -69,9 +69,7 @@ static void quantize_block(const float *x, xblock *out) {
         mx = _mm256_max_ps(mx, _mm256_and_ps(v[i], abs_mask));
         sm = _mm256_add_ps(sm, v[i]);
     }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    amax = hmax(mx);
     out->sum = hsum(sm);
 #elif defined(RG_NEON)
     float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);

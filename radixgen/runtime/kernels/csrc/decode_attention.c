@@ -72,9 +72,7 @@ static float max_of(const float *p, int64_t n) {
     if (n >= 8) {
         __m256 m = _mm256_loadu_ps(p);
         for (s = 8; s + 8 <= n; s += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(p + s));
-        const __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        const __m128 q = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        max = _mm_cvtss_f32(_mm_max_ss(q, _mm_shuffle_ps(q, q, 1)));
+        max = hmax(m);
     }
 #elif defined(RG_NEON)
     if (n >= 4) {

@@ -161,6 +161,12 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 /* e^x for x in [-87, 88] (clamped outside): Cephes expf, Cody-Waite reduction by ln 2 and a
  * degree-6 polynomial, about 1e-7 relative error. */
 static inline __m256 exp8(__m256 x) {
