@@ -18,7 +18,9 @@ rounds and ratios use the means; each side runs with no idle OpenMP team of the 
 process (ours: a fresh engine per case, shut down after; the peers: on short-lived threads).
 The summary prints each ratio the performance issue asks for next to its bar, and the load average;
 also this machine's memory read bandwidth and the long-context ratio it allows at most (the extra
-K/V bytes read at that bandwidth on top of the 256-token step).
+K/V bytes read at that bandwidth on top of the 256-token step), and the batch-64 over batch-16 ratio
+the matrices allow at most (a batch-64 step is never shorter than the engine's own weight matrices
+take for 64 rows, timed in the same engine right after its batch runs).
 
 --scale: ours only, aggregate decode at batch 1/4/16/64/128 and batch-1 decode at 256/2k/8k context.
 Usage: python benchmarks/bench_decode.py [--rounds 2] [--new-tokens 128] [--scale] [--no-hf]
@@ -116,9 +118,29 @@ def ours_main(tok, new_tokens: int) -> dict:
             t = time.perf_counter()
             eng.generate(input_ids=many, sampling_params=greedy(new_tokens))
             out[f"decode_b{batch}_tok_s"] = batch * new_tokens / (time.perf_counter() - t)
+        if (matmul_s := block_matmul_seconds(eng, 64)) > 0:
+            out["matmul_b64_tok_s"] = 64 / matmul_s
     finally:
         eng.shutdown()
     return out
+
+
+def block_matmul_seconds(eng, rows: int, reps: int = 3) -> float:
+    """Seconds the engine's block-kernel weight matrices (every layer's and the head's) take for one
+    step of `rows` activation rows on the engine's kernel threads, best of `reps`: a decode step of
+    `rows` tokens cannot be shorter (0 where the model has no block matrices)."""
+    from radixgen.runtime.kernels.block_gemm import block_linear
+    from radixgen.runtime.layers.linear import BlockLinear
+
+    panels = [m.panels for m in eng.runner.model.modules() if isinstance(m, BlockLinear)]
+    xs = {k: torch.randn(rows, k) for k in {p.shape[1] for p in panels}}  # [rows, k] per input width
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for p in panels:
+            block_linear(xs[p.shape[1]], p)
+        best = min(best, time.perf_counter() - t)
+    return best if panels else 0.0
 
 
 def ours_contexts(tok, contexts: list[int], kv_dtype: str, new_tokens: int = 64) -> dict:
@@ -305,6 +327,8 @@ def main() -> None:
                "memory_read_gbs": round(bandwidth, 1),
                f"ctx{LONG}_over_ctx256_bandwidth_ceiling": round(context_ceiling(
                    ctx["decode_ctx256_tok_s"], args.kv_cache_dtype, bandwidth), 2),
+               "b64_over_b16_matmul_ceiling": round(ours.get("matmul_b64_tok_s", float("nan"))
+                                                    / ours["decode_b16_tok_s"], 2),
                "bars_met": {k: v >= bar for k, (v, bar) in ratios.items() if bar is not None}}
     print(json.dumps(summary))
 
