@@ -141,6 +141,7 @@ class LlamaModel(nn.Module):
                 setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack, wide_dtype=wide_dtype))
             if c_kernels:
                 layer.use_c_kernels()
+        self.norm.in_c = c_kernels
         tied = self.config.tie_word_embeddings
         head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
         self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied, wide_dtype=wide_dtype)
@@ -219,7 +220,8 @@ class LlamaModel(nn.Module):
             with wide_rows(() if long is None else long_extend_runs(fb.extend_lens, long)):
                 for layer in self.layers:
                     h = layer(h, ctx)
-        h = h.index_select(0, fb.logits_indices)  # [L, hidden]
+        if not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):  # a decode's rows are its logits rows
+            h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]
 
     def load_weights(self, ckpt: Checkpoint) -> None:
