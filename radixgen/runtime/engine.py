@@ -8,7 +8,6 @@ per-request channel: a `queue.Queue` for the sync API, an `asyncio.Queue` for th
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import queue
 import random
@@ -38,7 +37,15 @@ Ids = list[int] | list[list[int]] | None
 
 
 class Engine:
-    """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`."""
+    """An LLM engine in this process: `Engine(model=None, **EngineConfig fields)`.
+
+    A library object: it changes no process-wide state that another engine or the embedding program
+    relies on. Settings that belong to the whole process are made by whoever owns it: `radixgen serve`
+    freezes its start-up heap out of the garbage collector after warm-up
+    (`radixgen.runtime.server.memory.freeze_startup_heap`, which shortens full collections: a random
+    tiny Llama at batch 256 on CPU, 20-22 -> 15-17 ms a step); a program that owns its process and
+    keeps one engine for its lifetime may call it likewise once the engine is up.
+    """
 
     def __init__(self, model: str | None = None, **config: Any) -> None:
         if "model_path" in config:  # SGLang's name for it
@@ -64,13 +71,6 @@ class Engine:
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
-        # What is loaded now (model, tokenizer, libraries) lives as long as the engine: keep it out of the
-        # cyclic GC's scans. A full collection walks every tracked object of the process, and a batch's
-        # per-request lists trigger them: a random tiny Llama at batch 256 on CPU, 20-22 -> 15-17 ms a
-        # step. (vLLM's engine freezes its heap after start-up likewise.) `shutdown` unfreezes, so an
-        # engine's own reference cycles can be collected once it is gone.
-        gc.collect()
-        gc.freeze()
         logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
                     self.config.max_total_tokens, self.context_length)
 
@@ -320,7 +320,6 @@ class Engine:
             self.runner.close()
             if self._grammar_cache is not None:
                 self._grammar_cache.shutdown(wait=False)
-            gc.unfreeze()
 
     def __enter__(self) -> Engine:
         return self

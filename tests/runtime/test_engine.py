@@ -145,8 +145,9 @@ def test_async_generate(engine):
 
 
 def test_shut_down_engine_frees_its_memory(tiny_models):
-    """The engine freezes the GC heap at start (its objects are not scanned); once shut down and
-    dropped, its reference cycles are collected: the KV pool and the scheduler are freed."""
+    """Once shut down and dropped, an engine's reference cycles are collected: the KV pool and the
+    scheduler are freed (the engine freezes nothing out of the collector; see
+    test_engine_process_state.py)."""
     eng = Engine(str(tiny_models["llama"]), max_total_tokens=256)
     eng.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 2})
     kv_buffer, scheduler = weakref.ref(eng.runner.token_to_kv_pool.k_buffer[0]), weakref.ref(eng.scheduler)
