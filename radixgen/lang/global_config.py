@@ -3,7 +3,8 @@
 Fields (each is read where it acts; setting an unknown name raises AttributeError):
 
 - `verbosity` (0): at 2 or more, every `run()` prints the program's final text.
-- `default_backend`: the default backend (the same as `set_default_backend` / `get_default_backend`).
+- `default_backend`: the default backend as it was given (the same as `set_default_backend` /
+  `get_default_backend`): after `set_default_backend(sgl.Runtime(...))` it is that Runtime.
 - `skip_special_tokens_in_output` (True): gens drop special tokens from their text (the engine's
   `skip_special_tokens`).
 - `enable_precache_with_tracing` (True): `run_batch` traces the program and prefills its constant

@@ -21,6 +21,27 @@ from radixgen.lang.global_config import global_config
 __all__ = ["ProgramError", "ProgramState", "ProgramStateGroup", "run_program", "run_program_batch"]
 
 
+# meta_info lists with one entry per output token: a streamed chunk carries its own tokens' entries
+_PER_TOKEN_META = ("output_token_logprobs", "output_top_logprobs")
+
+
+def _chunk_meta(meta: dict, sent: int) -> tuple[dict, int]:
+    """A gen's meta info so far (per-token lists from its first token) as one streamed chunk's, the
+    way SGLang streams them: the per-token lists from entry `sent` on (the entries earlier chunks
+    carried) and `output_token_logprobs_length`, the running count. Returns (chunk meta, new count)."""
+    out = dict(meta)
+    full = meta.get("output_token_logprobs")
+    if full is None:  # the gen asked for no logprobs
+        return out, sent
+    # the engine's lists may have grown past the chunk they came with: cut them at its token count
+    end = min(len(full), meta.get("completion_tokens", len(full)))
+    for key in _PER_TOKEN_META:
+        if meta.get(key) is not None:
+            out[key] = list(meta[key][sent:end])
+    out["output_token_logprobs_length"] = end
+    return out, max(sent, end)
+
+
 class ProgramState:
     """The `s` of a program: append with `+=`, read variables with `s["x"]`, fork, stream."""
 
@@ -143,10 +164,12 @@ class ProgramState:
     def text_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Iterator[Any]:
         """Yield text chunks as produced (all text, or only `var_name`'s); joined they equal the result.
         With `return_meta_data` (needs `var_name`) each item is `(chunk, meta_info)`, the meta info of
-        that gen as of the chunk (token counts so far; the final one has its finish_reason)."""
+        that gen as of the chunk (token counts so far; the final one has its finish_reason). As in
+        SGLang, a chunk's `output_token_logprobs` (and `output_top_logprobs`) hold that chunk's tokens
+        only, and `output_token_logprobs_length` counts them all so far; `get_meta_info` has them all."""
         if return_meta_data and var_name is None:
             raise ValueError("return_meta_data=True needs a variable name: text_iter('answer', return_meta_data=True)")
-        ex, prev = self._ex, 0
+        ex, prev, sent = self._ex, 0, 0
         while True:
             with ex.cond:
                 while True:
@@ -166,7 +189,11 @@ class ProgramState:
                         break
                     ex.cond.wait(timeout=1.0)
             if len(cur) > prev:
-                yield (cur[prev:], dict(meta)) if return_meta_data else cur[prev:]
+                if return_meta_data:
+                    chunk_meta, sent = _chunk_meta(meta, sent)
+                    yield cur[prev:], chunk_meta
+                else:
+                    yield cur[prev:]
                 prev = len(cur)
             if done:
                 return

@@ -1,8 +1,9 @@
 """Which backend a program runs on: the default backend and the objects accepted as a backend.
 
 `as_backend` takes a `Backend` as is, a `Runtime` (its endpoint), or an in-process Engine (anything
-with `.generate` and `.tokenizer`), which it wraps once in an `EngineBackend`. Kept apart from
-base.py so the interface module imports no concrete backend.
+with `.generate` and `.tokenizer`), which it wraps once in an `EngineBackend`. The default backend is
+kept as it was given (SGLang's `global_config.default_backend` is the user's object) beside the
+Backend it resolves to. Kept apart from base.py so the interface module imports no concrete backend.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 from radixgen.lang.backends.base import Backend
 from radixgen.lang.backends.engine import EngineBackend
 
-_default_backend: Backend | None = None
+# (what set_default_backend got, as SGLang keeps it: a Runtime stays a Runtime; the same as a Backend),
+# replaced as one tuple so a reader never sees one half of an old pair
+_default: tuple[Any, Backend | None] = (None, None)
 _wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _wrap_lock = threading.Lock()
 
@@ -40,19 +43,25 @@ def as_backend(obj: Any) -> Backend:
 
 
 def set_default_backend(backend: Any) -> None:
-    """Use `backend` for programs run without backend=... (an Engine, Runtime, RuntimeEndpoint or OpenAI)."""
-    global _default_backend
-    _default_backend = None if backend is None else as_backend(backend)
+    """Use `backend` for programs run without backend=... (an Engine, Runtime, RuntimeEndpoint or OpenAI).
+
+    The object is kept as given, as SGLang keeps it: after `set_default_backend(sgl.Runtime(...))`,
+    `get_default_backend()` (and `sgl.global_config.default_backend`) is that Runtime, so its
+    `.endpoint` reaches the server; programs run on the Backend it stands for."""
+    global _default
+    _default = (backend, None if backend is None else as_backend(backend))  # a non-backend fails here
 
 
-def get_default_backend() -> Backend | None:
-    return _default_backend
+def get_default_backend() -> Any:
+    """The default backend as it was given to `set_default_backend` (None when unset)."""
+    return _default[0]
 
 
 def resolve_backend(backend: Any) -> Backend:
     """`backend` as a Backend, or the default one; a clear error when there is none."""
     if backend is not None:
         return as_backend(backend)
-    if _default_backend is None:
+    default = _default[1]
+    if default is None:
         raise ValueError("no backend: call sgl.set_default_backend(sgl.Engine()) or pass backend=... to run()")
-    return _default_backend
+    return default
