@@ -1,4 +1,5 @@
-"""The GGUF block kernel against the gguf package's own dequantization (float64 reference GEMM)."""
+"""The GGUF block kernel, every quant type, against the gguf package's own dequantization (float64
+reference GEMM)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
+    SCALES_F32,
     WIDE_ROWS,
+    block_dequant_rows,
     block_linear,
     block_over_dense_time,
     block_rows_limit,
@@ -22,39 +25,61 @@ from radixgen.runtime.kernels.block_gemm import (
     use_blocks,
 )
 
+from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, BLOCK_WEIGHTS
+
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the block kernel")
 
 
+# Where each GGUF type keeps its fp16 fields (byte offsets in a block): random bytes there could be
+# inf or nan; every other byte of every type is any value.
+F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+              "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+ALL_TYPES = list(F16_FIELDS)
+
+
 def random_gguf(qtype: str, n: int, k: int, seed: int) -> np.ndarray:
-    """Raw GGUF bytes [n, k/32 * block bytes] of random blocks with finite, varied fp16 scales."""
+    """Raw GGUF bytes [n, bytes per row] of random blocks with finite, varied fp16 scales."""
     rng = np.random.default_rng(seed)
-    nb = k // 32
-    scale = rng.uniform(-0.05, 0.05, (n, nb, 1)).astype(np.float16).view(np.uint8)  # [n, nb, 2]
-    if qtype == "Q8_0":
-        body = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8).view(np.uint8)
-        return np.concatenate([scale, body], -1).reshape(n, -1)
-    nibbles = rng.integers(0, 256, (n, nb, 16), dtype=np.uint8)
-    if qtype == "Q4_0":
-        return np.concatenate([scale, nibbles], -1).reshape(n, -1)
-    minv = rng.uniform(-0.2, 0.2, (n, nb, 1)).astype(np.float16).view(np.uint8)
-    return np.concatenate([scale, minv, nibbles], -1).reshape(n, -1)
+    nb = k // BLOCK_WEIGHTS[qtype]
+    raw = rng.integers(0, 256, (n, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
+    for at in F16_FIELDS[qtype]:
+        raw[..., at : at + 2] = rng.uniform(-0.05, 0.05, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    return raw.reshape(n, -1)
+
+
+def width(qtype: str, blocks: int = 3) -> int:
+    """A row length of `blocks` of the type's blocks (32 weights, or 256 for K-quants)."""
+    return blocks * BLOCK_WEIGHTS[qtype]
 
 
 def gguf_dense(raw: np.ndarray, qtype: str, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy())
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 16, 17, 24, 40])
-def test_block_linear_matches_gguf_dequantized(qtype, m):
-    n, k = 37, 96  # three panels, the last one partial; three blocks per row
-    raw = random_gguf(qtype, n, k, seed=m)
-    w = from_gguf(raw, qtype)
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_blocks_are_ggufs_values(qtype):
+    """Our reading of every type's bytes is gguf's dequantization, bit for bit, in Python and in C (the
+    embedding lookup and the wide steps' slices), in float32 and rounded to bfloat16."""
+    n, k = 37, width(qtype, 2)
+    raw = random_gguf(qtype, n, k, seed=5)
     dense = gguf_dense(raw, qtype, n, k)
-    assert torch.equal(w.dequantize(), dense)  # our reading of the bytes is gguf's, exactly
+    w = from_gguf(raw, qtype)
+    assert torch.equal(w.dequantize(), dense)
+    panels = pack_panels(w)
+    rows = torch.tensor([36, 0, 17, 17, 5])
+    assert torch.equal(block_dequant_rows(panels, rows), dense[rows])
+    assert torch.equal(block_dequant_rows(panels, rows, torch.bfloat16), dense[rows].bfloat16())
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 9, 16, 17, 40])
+def test_block_linear_matches_gguf_dequantized(qtype, m):
+    n, k = 37, width(qtype)  # three panels, the last one partial; three blocks per row
+    raw = random_gguf(qtype, n, k, seed=m)
+    dense = gguf_dense(raw, qtype, n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     ref = x.double() @ dense.double().t()
-    y = block_linear(x, pack_panels(w))
+    y = block_linear(x, pack_panels(from_gguf(raw, qtype)))
     assert y.shape == (m, n)
     assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
 
@@ -76,6 +101,28 @@ def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
         torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
 
 
+def test_mixed_formats_stack_in_the_widest():
+    """Q4_K_M's fused q/k/v: Q4_K q and k beside a Q6_K v stack as one matrix of 8-bit q with a scale
+    per half block, value for value; signed Q8_0 beside an unsigned type has no common format."""
+    k = width("Q4_K", 2)
+    raws = {t: random_gguf(t, 16, k, seed=i) for i, t in enumerate(["Q4_K", "Q6_K", "Q8_0", "Q5_K"])}
+    ws = {t: from_gguf(r, t) for t, r in raws.items()}
+    both = concat_rows([ws["Q4_K"], ws["Q5_K"], ws["Q6_K"]])
+    expect = torch.cat([gguf_dense(raws[t], t, 16, k) for t in ("Q4_K", "Q5_K", "Q6_K")])
+    assert both is not None and both.halves == 2 and torch.equal(both.dequantize(), expect)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(0))
+    ref = x.double() @ expect.double().t()
+    assert (block_linear(x, pack_panels(both)).double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
+    assert concat_rows([ws["Q8_0"], ws["Q6_K"]]) is None
+
+
+def test_panels_hold_scales_in_fp16_only_where_exact():
+    """GGUF's own fp16 scales stay fp16 in the panels (the kernel's bytes: the file's); K-quants' products
+    d * sc take float32."""
+    flags = {t: pack_panels(from_gguf(random_gguf(t, 16, width(t, 1), 0), t)).flags for t in ALL_TYPES}
+    assert {t for t, f in flags.items() if f & SCALES_F32 == 0} == {"Q4_0", "Q4_1", "Q5_0", "Q8_0"}
+
+
 def test_rows_and_concat_keep_gguf_values():
     a_raw, b_raw = random_gguf("Q4_1", 8, 64, 1), random_gguf("Q4_0", 5, 64, 2)
     a, b = from_gguf(a_raw, "Q4_1"), from_gguf(b_raw, "Q4_0")
@@ -84,7 +131,7 @@ def test_rows_and_concat_keep_gguf_values():
     assert torch.equal(both.dequantize(), expect)
     perm = torch.randperm(13)
     assert torch.equal(both.rows(perm).dequantize(), expect[perm])
-    assert concat_rows([a, from_gguf(random_gguf("Q8_0", 4, 64, 3), "Q8_0")]) is None  # mixed bits
+    assert concat_rows([a, from_gguf(random_gguf("Q8_0", 4, 64, 3), "Q8_0")]) is None  # signed beside unsigned
 
 
 def test_bad_input_is_rejected():
@@ -93,8 +140,10 @@ def test_bad_input_is_rejected():
         block_linear(torch.randn(2, 32), w)
     with pytest.raises(ValueError, match="float32"):
         block_linear(torch.randn(2, 64, dtype=torch.bfloat16), w)
-    with pytest.raises(ValueError, match="Q6_K"):
-        from_gguf(np.zeros((1, 210), np.uint8), "Q6_K")
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        from_gguf(np.zeros((1, 66), np.uint8), "IQ2_XXS")
+    with pytest.raises(IndexError, match="rows"):
+        block_dequant_rows(w, torch.tensor([4]))
     assert not use_blocks(torch.randn(4, 8, dtype=torch.bfloat16))
 
 

@@ -22,7 +22,7 @@ from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
 from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
-from tests.runtime.test_block_gemm import random_gguf
+from tests.runtime.test_block_gemm import ALL_TYPES, random_gguf, width
 from tests.runtime.test_cpu_attention import kv_buffer
 
 pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is None,
@@ -69,12 +69,13 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
     torch.testing.assert_close(a, b, rtol=tol, atol=tol * max(1.0, float(b.abs().max())))
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ALL_TYPES)
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 20, 40, 130])
 def test_block_gemm(libs, qtype, m):
-    """Native from block_gemm_amx_rows() rows on runs the AMX tiles (2 x 2 tiles, an odd tile, a
-    partial 128-row chunk); below, and in the other builds, the vector paths."""
-    n, k = 37, 96  # a partial last panel
+    """Native from block_gemm_amx_rows() rows on runs the AMX tiles for the fp16 formats (2 x 2 tiles,
+    an odd tile, a partial 128-row chunk); below, other formats, and in the other builds, the vector
+    paths."""
+    n, k = 37, width(qtype)  # a partial last panel
     w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=m), qtype))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
     close(block_linear(x, w, libs[0]), block_linear(x, w, libs[1]))

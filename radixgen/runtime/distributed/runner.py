@@ -34,7 +34,7 @@ class TPModelRunner(ModelRunner):
 
     def __init__(self, config: EngineConfig) -> None:
         layout = RankLayout.of(config)
-        model_config, _ = open_checkpoint(config.model)  # (a GGUF's dequantized file exists before the ranks start)
+        model_config, _ = open_checkpoint(config.model)
         check_tp_size(model_config, config.tp_size)
         self.addr = config.dist_init_addr or f"127.0.0.1:{free_port()}"
         self.failed: str | None = None

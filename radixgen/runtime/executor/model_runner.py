@@ -23,7 +23,7 @@ from radixgen.runtime.layers.linear import can_pack, can_use_blocks
 from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel
-from radixgen.runtime.models.loader import load_gguf_blocks, open_checkpoint
+from radixgen.runtime.models.loader import open_checkpoint
 from radixgen.runtime.models.resolve import resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -63,18 +63,16 @@ class ModelRunner:
         self.model_config: ModelConfig = model_config
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
+        blocks = tp is None and not config.disable_block_kernels and can_use_blocks(self.device, self.dtype)
         model = LlamaModel(model_config, self.context_length, tp)
-        model.load_weights(checkpoint)
+        model.load_weights(checkpoint, blocks=blocks)
         del checkpoint
         logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.model.rotary.float()  # keep cos/sin tables in fp32
-        blocks = None
-        if (path.suffix == ".gguf" and tp is None and not config.disable_block_kernels
-                and can_use_blocks(self.device, self.dtype)):
-            blocks = load_gguf_blocks(path, model_config)
-        wide = wide_matmul_dtype(config.wide_matmul_dtype) if blocks is not None else self.dtype
-        self.model.specialize(pack=can_pack(self.device, self.dtype), blocks=blocks,
+        has_blocks = self.model.block_weight_count > 0
+        wide = wide_matmul_dtype(config.wide_matmul_dtype) if has_blocks else torch.float32
+        self.model.specialize(pack_dense=can_pack(self.device, self.dtype),
                               c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide)
         if self.attention.name == "triton":
             self.model.use_triton_rope()
@@ -96,13 +94,13 @@ class ModelRunner:
         attn = self.model.layers[0].attn
         bf16_attention = long is not None and self.attention.use_bf16_long_extends(
             long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        limit = block_rows_limit() if blocks is not None else None
+        limit = block_rows_limit() if has_blocks else None
         wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"
         logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "
                     "decode %s, CUDA graphs %s", model_config.arch, config.dtype,
                     str(self.kv_dtype).removeprefix("torch."), self.device, self.attention.name,
                     ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
-                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN"
+                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN, sliced"
                     f"{', attention bfloat16 C' if bf16_attention else ''})",
                     "on" if self.model.decode_in_c is not None else "off",
                     "on" if self.decode_graphs is not None else "off")

@@ -37,58 +37,66 @@ logger = logging.getLogger(__name__)
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
-# bytes per block in the GGUF file: fp16 d (+ fp16 m for Q4_1) + packed integers
-GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+SCALES_F32, UNSIGNED8, HALF_BLOCKS = 1, 2, 4  # rg_block_weight's flags (csrc/block_format.h)
 
 
 @dataclass
 class BlockWeight:
-    """A [n, k] weight in 32-weight blocks. bits 4: qs uint8 [n, k/2] (low nibble = weight j,
-    high = weight j + 16 of each block), W = scale * q + minv. bits 8: qs int8 [n, k], W = scale * q."""
+    """A [n, k] weight in 32-weight blocks, W = scale * q + minv, with a scale and min per block, or per
+    half block (16 weights) where `scale` has twice the columns.
+
+    bits 4: qs uint8 [n, k/2], q 0..15 (in each block's 16 bytes, low nibble = weight j, high = j + 16).
+    bits 8: qs [n, k], int8 (signed q, no min: Q8_0, Q5_0) or uint8 (q 0..63, with a min: the 5-, 6-, 3-
+    and 2-bit types). scale, minv: float32 [n, k/32 * halves]."""
 
     bits: int
     qs: torch.Tensor
-    scale: torch.Tensor  # [n, k/32] float32
-    minv: torch.Tensor | None  # [n, k/32] float32 (4-bit only)
+    scale: torch.Tensor
+    minv: torch.Tensor | None
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.scale.shape[0], self.scale.shape[1] * BLOCK
+        return self.qs.shape[0], self.qs.shape[1] * (2 if self.bits == 4 else 1)
+
+    @property
+    def halves(self) -> int:
+        """Scales per 32-weight block: 1, or 2 (one per 16 weights)."""
+        return self.scale.shape[1] * BLOCK // self.shape[1]
+
+    @property
+    def layout(self) -> tuple[int, torch.dtype, int, int]:
+        """What two weights must share to be stacked into one matrix (and to run in one format)."""
+        return self.bits, self.qs.dtype, self.halves, self.shape[1]
 
     def rows(self, index: torch.Tensor) -> BlockWeight:
         """The weight with its rows reordered/selected by `index` ([n'] int64)."""
         pick = lambda t: None if t is None else t.index_select(0, index).contiguous()
         return BlockWeight(self.bits, pick(self.qs), pick(self.scale), pick(self.minv))
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 [n, k] matrix (for tests and checks)."""
+    def q(self) -> torch.Tensor:
+        """The integers q as int32 [n, k]."""
         n, k = self.shape
         if self.bits == 8:
-            q = self.qs.float().view(n, k // BLOCK, BLOCK)
-            return (q * self.scale[..., None]).view(n, k)
+            return self.qs.to(torch.int32)
         packed = self.qs.view(n, k // BLOCK, BLOCK // 2)
-        q = torch.cat([packed & 15, packed >> 4], dim=-1).float()  # [n, k/32, 32]
-        return (q * self.scale[..., None] + self.minv[..., None]).view(n, k)
+        return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k).to(torch.int32)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 [n, k] matrix: scale * q + minv, each a float32 product and sum (as gguf computes)."""
+        n, k = self.shape
+        span = BLOCK // self.halves
+        q = self.q().float().view(n, -1, span)
+        w = q * self.scale[..., None]
+        if self.minv is not None:
+            w = w + self.minv[..., None]
+        return w.view(n, k)
 
 
 def from_gguf(data: np.ndarray, qtype: str) -> BlockWeight:
-    """A GGUF tensor's raw bytes (uint8 [n, bytes per row]) of type Q4_0, Q4_1 or Q8_0."""
-    if qtype not in GGUF_BLOCK_BYTES:
-        raise ValueError(f"no block kernel for GGUF type {qtype} (have {', '.join(GGUF_BLOCK_BYTES)})")
-    size = GGUF_BLOCK_BYTES[qtype]
-    n = data.shape[0]
-    blocks = np.ascontiguousarray(data).reshape(n, -1, size)  # [n, k/32, bytes]
-    scale = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))  # [n, k/32]
-    if qtype == "Q8_0":
-        qs = torch.from_numpy(blocks[..., 2:].copy().view(np.int8).reshape(n, -1))
-        return BlockWeight(8, qs, scale, None)
-    if qtype == "Q4_1":
-        minv = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-        qs = torch.from_numpy(blocks[..., 4:].copy().reshape(n, -1))
-    else:  # Q4_0: W = d * (q - 8) = d * q - 8 d, both terms exact in float32
-        minv = -8.0 * scale
-        qs = torch.from_numpy(blocks[..., 2:].copy().reshape(n, -1))
-    return BlockWeight(4, qs, scale, minv)
+    """A GGUF tensor's raw bytes (uint8 [n, bytes per row]) as a BlockWeight (see `gguf_blocks`)."""
+    from radixgen.runtime.kernels.gguf_blocks import block_weight
+
+    return block_weight(data, qtype)
 
 
 @dataclass
@@ -96,10 +104,12 @@ class PanelWeight:
     """A BlockWeight repacked for the kernel: rows padded to a multiple of 16 and grouped in panels
     of 16; in each block, 4 consecutive weights of the 16 rows form one 64-byte vector (see
     csrc/block_gemm.c). bits 4: qs uint8 [P, k/32, 4, 16, 4] (GGUF's block bytes: low nibble weight
-    4g + t, high nibble 16 + 4g + t); bits 8: qs int8 [P, k/32, 8, 16, 4]; scale, minv float16
-    [P, k/32, 16] (GGUF stores them in fp16, so this is exact)."""
+    4g + t, high nibble 16 + 4g + t); bits 8: qs [P, k/32, 8, 16, 4]; scale, minv [P, k/32, halves, 16]
+    in float16 where every value is one exactly (GGUF's own fp16 scales), else float32. `flags`:
+    csrc/block_format.h's."""
 
     bits: int
+    flags: int
     n: int  # rows of the weight (the padding rows are zeros)
     qs: torch.Tensor
     scale: torch.Tensor
@@ -109,26 +119,35 @@ class PanelWeight:
     def shape(self) -> tuple[int, int]:
         return self.n, self.scale.shape[1] * BLOCK
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.scale, self.minv) if t is not None)
+
     @functools.cached_property
     def struct(self) -> ffi.BlockWeightC:
         """The C view (rg_block_weight) of these tensors (built once; they must not be replaced)."""
         minv = self.minv.data_ptr() if self.minv is not None else None
-        return ffi.BlockWeightC(self.bits, self.qs.data_ptr(), self.scale.data_ptr(), minv)
+        return ffi.BlockWeightC(self.bits, self.flags, self.qs.data_ptr(), self.scale.data_ptr(), minv)
 
 
-def _half(t: torch.Tensor, what: str) -> torch.Tensor:
-    """float32 -> float16, which must be exact (GGUF's scales are fp16; Q4_0's min is -8 d)."""
+def _half_if_exact(t: torch.Tensor) -> torch.Tensor | None:
+    """float32 -> float16 when every value survives exactly (GGUF's fp16 scales, Q4_0's -8 d), else None."""
     h = t.to(torch.float16)
-    if not torch.equal(h.float(), t):
-        raise ValueError(f"block {what} values are not exactly representable in float16")
-    return h
+    return h if torch.equal(h.float(), t) else None
 
 
 def pack_panels(w: BlockWeight) -> PanelWeight:
     """`w` in the kernel's panel layout (a copy; `w` is unchanged)."""
     n, k = w.shape
-    nb, pad = k // BLOCK, -n % PANEL
+    nb, pad, halves = k // BLOCK, -n % PANEL, w.halves
     panels = (n + pad) // PANEL
+    signed = w.qs.dtype == torch.int8
+    if (signed and w.minv is not None) or (w.bits == 8 and not signed and w.minv is None):
+        raise ValueError("block weight: signed 8-bit q take no min, unsigned ones need one")
+    if halves == 2 and (w.bits != 8 or signed):
+        raise ValueError("block weight: scales per half block are read for unsigned 8-bit q only")
+    if w.bits == 8 and not signed and int(w.qs.max()) > 63:
+        raise ValueError("block weight: unsigned 8-bit q must be at most 63 (AVX2's pair sums)")
 
     def panel_major(t: torch.Tensor | None, groups: int, width: int) -> torch.Tensor | None:
         """[n, nb * groups * width] -> [P, nb, groups, 16, width]."""
@@ -139,18 +158,66 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
 
     groups = 4 if w.bits == 4 else 8  # 64-byte vectors per block
     qs = panel_major(w.qs, groups, 4)
-    scale = panel_major(_half(w.scale, "scale"), 1, 1)[:, :, 0, :, 0]  # [P, nb, 16]
-    minv = None if w.minv is None else panel_major(_half(w.minv, "min"), 1, 1)[:, :, 0, :, 0].contiguous()
-    return PanelWeight(w.bits, n, qs, scale.contiguous(), minv)
+    scale, minv = w.scale, w.minv
+    flags = 0 if signed or w.bits == 4 else UNSIGNED8 | SCALES_F32
+    if halves == 2:
+        flags |= HALF_BLOCKS
+    if not flags & SCALES_F32:
+        half = [_half_if_exact(t) for t in (scale, minv) if t is not None]
+        if all(h is not None for h in half):
+            scale, minv = half[0], half[1] if minv is not None else None
+        elif signed:
+            raise ValueError("block weight: signed 8-bit q need float16 scales")
+        else:
+            flags |= SCALES_F32
+    pm = lambda t: None if t is None else panel_major(t, halves, 1)[..., 0].contiguous()  # [P, nb, halves, 16]
+    return PanelWeight(w.bits, flags, n, qs, pm(scale), pm(minv))
+
+
+def widened(w: BlockWeight) -> BlockWeight | None:
+    """`w` as unsigned 8-bit q with a scale and min per half block, the format every other unsigned one
+    fits in, value for value (None for signed 8-bit q, which do not fit)."""
+    if w.bits == 8 and w.qs.dtype == torch.int8:
+        return None
+    q = w.q().to(torch.uint8)
+    if w.halves == 2:
+        return BlockWeight(8, q, w.scale, w.minv)
+    return BlockWeight(8, q, w.scale.repeat_interleave(2, dim=1), w.minv.repeat_interleave(2, dim=1))
 
 
 def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
-    """Stack weights along rows (fused q/k/v or gate/up); None if their formats differ."""
-    if len({(p.bits, p.shape[1]) for p in parts}) != 1:
-        return None
+    """Stack weights along rows (fused q/k/v or gate/up), in the widest format among them when they
+    differ (Q4_K_M's Q4_K q/k beside a Q6_K v); None where no format holds them all."""
+    if len({p.layout for p in parts}) != 1 or len({p.minv is None for p in parts}) != 1:
+        wide = [widened(p) for p in parts]
+        if any(w is None for w in wide) or len({w.shape[1] for w in wide}) != 1:
+            return None
+        parts = wide
     cat = lambda ts: None if ts[0] is None else torch.cat(ts)
     return BlockWeight(parts[0].bits, cat([p.qs for p in parts]), cat([p.scale for p in parts]),
                        cat([p.minv for p in parts]))
+
+
+def block_dequant_rows(w: PanelWeight, rows: torch.Tensor, dtype: torch.dtype = torch.float32,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows `rows` (int64 [R]) of `w` as a [R, k] float32 or bfloat16 matrix (the values `dequantize`
+    gives), into `out` when given."""
+    n, k = w.shape
+    codes = {torch.float32: 0, torch.bfloat16: 1}
+    if dtype not in codes:
+        raise ValueError(f"block_dequant_rows: dtype must be float32 or bfloat16, got {dtype}")
+    rows = rows.to(torch.int64).contiguous()
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise IndexError(f"block_dequant_rows: rows must be in [0, {n})")
+    y = torch.empty((rows.shape[0], k), dtype=dtype) if out is None else out
+    lib = library()
+    if lib is None:
+        raise RuntimeError("block_dequant_rows: the kernels could not be built (see the log)")
+    rc = lib.block_dequant_rows(ctypes.byref(w.struct), k, rows.data_ptr(), rows.shape[0], y.data_ptr(), codes[dtype],
+                                ffi.kernel_threads())
+    if rc != 0:
+        raise RuntimeError(f"block_dequant_rows failed for a [{n}, {k}] weight")
+    return y
 
 
 def library() -> ctypes.CDLL | None:

@@ -1,25 +1,29 @@
-"""Linear layers, one class per weight representation, chosen once at load (`specialize`).
+"""Linear layers, one class per weight representation, chosen once at load.
 
-- `DenseLinear`: a plain [out, in] weight, `F.linear` (any device and dtype; how weights load).
-- `PackedLinear`: the weight reordered once into oneDNN's blocked layout (CPU float32/bfloat16), or a
-  bfloat16 copy of a float32 weight that float32 rows run through on the CPU's bf16 dot products.
+- `DenseLinear`: a plain [out, in] weight, `F.linear` (any device and dtype; HF checkpoints load so).
+- `PackedLinear`: the weight reordered once into oneDNN's blocked layout (CPU float32/bfloat16).
   `F.linear` on CPU goes to MKL's GEMM, which streams weights at about a third of the memory
   bandwidth for the skinny products of decoding; oneDNN's inner product on a prepacked weight reads
   them about twice as fast (SmolLM2-135M, all matrices, 2 threads: fp32 batch 1 54.6 -> 30.6 ms,
   batch 16 79 -> 42 ms, batch 256 573 -> 395 ms; bf16 batch 1 30.6 -> 17.4 ms).
-- `BlockLinear`: GGUF Q4_0/Q4_1/Q8_0 blocks in the block kernel's panels (`kernels/block_gemm.py`)
-  for float32 rows on CPU: every batch size where the kernel has AMX tiles (the dense weight is then
-  freed), else up to `block_rows_limit()` rows, larger inputs (prefill) going to its dense or packed
-  float32 fallback; or, with a bfloat16 fallback (`wide_matmul_dtype`), every row but those of the
-  step's long extends (`wide_rows`), which the fallback takes: prefill ~1.5x faster on AMD Zen 4, while
-  decode rows and short prompts stay float32 whatever the batch.
+- `BlockLinear`: a GGUF matrix in the block kernel's panels (`kernels/block_gemm.py`), the only copy
+  of the weight, for float32 rows on CPU. The block kernel takes every row where it has AMX tiles,
+  else up to `block_rows_limit()` rows; wider inputs (prefill) run GEMMs on slices of the weight
+  dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit, or, with a
+  bfloat16 `wide_dtype` (`wide_matmul_dtype`), for the rows of the step's long extends only
+  (`wide_rows`): prefill ~1.5x faster on AMD Zen 4, while decode rows and short prompts stay float32
+  in the block kernel whatever the batch.
+- `ConcatLinear`: GGUF matrices fused by rows (q/k/v) that no one block format holds, side by side.
+- `StoredLinear`: an F16 / BF16 GGUF matrix kept in its 16-bit type, converted to float32 a slice at
+  a time for each product (memory: the file's bytes).
 
 Every representation computes x @ W^T (+ bias) for x [M, in] -> [M, out].
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -28,14 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.runtime.kernels import block_gemm
-from radixgen.runtime.kernels.block_gemm import (
-    BlockWeight,
-    PanelWeight,
-    block_linear,
-    block_rows_limit,
-    pack_panels,
-    use_blocks,
-)
+from radixgen.runtime.kernels.block_gemm import PanelWeight, block_dequant_rows, block_linear, use_blocks
 
 
 class Linear(nn.Module):
@@ -60,21 +57,16 @@ class DenseLinear(Linear):
 
 
 class PackedLinear(Linear):
-    """The weight in oneDNN's blocked layout (opaque: only `forward` reads it), in `dtype` (default:
-    the weight's). Rows of another dtype are converted to it for the product and the result back."""
+    """The weight in oneDNN's blocked layout (opaque: only `forward` reads it)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.dtype = dtype or weight.dtype
-        w = weight.detach().to(self.dtype).contiguous()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # no batch hint
-        self.bias = None if bias is None else bias.detach().to(self.dtype)
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)  # no batch hint
+        self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.dtype:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 # The step's rows [start, end) that belong to long extends, for the block matrices whose fallback is
@@ -107,43 +99,112 @@ def long_extend_runs(extend_lens: list[int], min_len: int) -> tuple[tuple[int, i
     return tuple(runs)
 
 
-class BlockLinear(Linear):
-    """GGUF-block weights for float32 CPU rows, with a `fallback` (None where the block kernel is the
-    fastest for every batch: AMX). A float32 fallback takes whole inputs of more rows than
-    `block_rows_limit()`; a lower-precision one (`long_extends_only`) only the rows of long extends
-    (`wide_rows`), the block kernel computing every other row."""
+# Bytes of a weight slice the wide GEMMs dequantize at a time (kept between calls: fresh pages fault slowly).
+SLICE_BYTES = 8 << 20
+_slices = threading.local()
 
-    def __init__(self, panels: PanelWeight, fallback: Linear | None, bias: torch.Tensor | None,
+
+def _slice_buffer(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's reusable [rows, k] buffer of `dtype` for a dequantized weight slice."""
+    buf = getattr(_slices, "buf", {}).get(dtype)
+    if buf is None or buf.numel() < rows * k:
+        _slices.buf = {**getattr(_slices, "buf", {}), dtype: (buf := torch.empty(rows * k, dtype=dtype))}
+    return buf[: rows * k].view(rows, k)
+
+
+def slice_rows(n: int, k: int, dtype: torch.dtype) -> int:
+    """Weight rows a wide GEMM dequantizes at a time: SLICE_BYTES' worth, a multiple of 16, at least 16."""
+    return max(16, SLICE_BYTES // (k * dtype.itemsize) // 16 * 16)
+
+
+def wide_linear(x: torch.Tensor, weight_rows: Callable[[int, int, torch.Tensor], torch.Tensor], n: int,
+                dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, k] (float32) @ W^T -> [M, n] float32 for a weight held in another form: `weight_rows(start,
+    end, buf)` writes W's rows [start, end) as `dtype` into buf [end - start, k] and returns it; each
+    slice is multiplied by a dense GEMM in `dtype` (bfloat16: its products' outputs rounded to it)."""
+    m, k = x.shape
+    y = torch.empty((m, n), dtype=torch.float32) if out is None else out
+    xd = x if x.dtype == dtype else x.to(dtype)
+    step = slice_rows(n, k, dtype)
+    for start in range(0, n, step):
+        end = min(n, start + step)
+        w = weight_rows(start, end, _slice_buffer(end - start, k, dtype))  # [end - start, k]
+        y[:, start:end] = F.linear(xd, w)
+    return y
+
+
+class BlockLinear(Linear):
+    """A GGUF matrix in the block kernel's panels, for float32 CPU rows. `wide_dtype` None: the block
+    kernel takes every row (AMX; the head). float32: inputs of more rows than `block_rows_limit()` run
+    on dequantized slices (`wide_linear`). A lower precision (`long_extends_only`): only the rows of long
+    extends (`wide_rows`) do, the block kernel computing every other row."""
+
+    def __init__(self, panels: PanelWeight, bias: torch.Tensor | None, wide_dtype: torch.dtype | None = None,
                  long_extends_only: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = panels.shape
         self.panels = panels
-        self.fallback = fallback
         self.bias = bias
+        self.wide_dtype = wide_dtype
         self.long_extends_only = long_extends_only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fallback is None:
+        if self.wide_dtype is None:
             return self._blocks(x)
         if not self.long_extends_only:
-            return self._blocks(x) if use_blocks(x) else self.fallback(x)
+            return self._blocks(x) if use_blocks(x) else self._wide(x)
         runs, m = _WIDE_RUNS.get(), x.shape[0]
         if not runs:
             return self._blocks(x)
         if runs == ((0, m),):
-            return self.fallback(x)
+            return self._wide(x)
         y = torch.empty((m, self.out_features), dtype=x.dtype)
         done = 0
         for start, end in (*runs, (m, m)):
             if start > done:
                 self._blocks(x[done:start], out=y[done:start])
             if end > start:
-                y[start:end] = self.fallback(x[start:end])
+                y[start:end] = self._wide(x[start:end])
             done = end
         return y
 
     def _blocks(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         y = block_linear(x, self.panels, out=out)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def _wide(self, x: torch.Tensor) -> torch.Tensor:
+        rows = lambda start, end, buf: block_dequant_rows(self.panels, torch.arange(start, end), buf.dtype, out=buf)
+        y = wide_linear(x, rows, self.out_features, self.wide_dtype)
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class ConcatLinear(Linear):
+    """Matrices stacked by rows that no one block format holds (their outputs side by side)."""
+
+    def __init__(self, parts: list[Linear], bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features, self.out_features = parts[0].in_features, sum(p.out_features for p in parts)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.cat([p(x) for p in self.parts], dim=1)  # [M, out]
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class StoredLinear(Linear):
+    """A float16 / bfloat16 [out, in] weight kept as the file holds it; float32 rows multiply float32
+    slices of it converted for each call (the results float32's)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = lambda start, end, buf: buf.copy_(self.weight[start:end])
+        y = wide_linear(x, rows, self.out_features, torch.float32)
         return y if self.bias is None else y.add_(self.bias)
 
 
@@ -157,18 +218,10 @@ def can_use_blocks(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and block_gemm.library() is not None
 
 
-def specialize(dense: DenseLinear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False,
-               wide_dtype: torch.dtype | None = None) -> Linear:
-    """The representation to run `dense` in: packed for oneDNN if `pack`, wrapped with its GGUF
-    `blocks` when given (alone where the block kernel takes every batch size; else with a packed
-    fallback in `wide_dtype`, default the weight's: a lower precision one takes long extends only).
-    Packing, or blocks alone, free the dense weight's storage unless `keep_dense` (a tied head shares
-    it with the embedding)."""
-    blocks_only = blocks is not None and block_rows_limit() is None
-    fallback: Linear | None = None if blocks_only else dense
-    lower = blocks is not None and pack and wide_dtype is not None and wide_dtype != dense.weight.dtype
-    if pack and not blocks_only:
-        fallback = PackedLinear(dense.weight, dense.bias, wide_dtype if lower else None)
-    if (pack or blocks_only) and not keep_dense:
+def pack(dense: DenseLinear, keep_dense: bool = False) -> PackedLinear:
+    """`dense` reordered for oneDNN; the dense weight's storage is freed unless `keep_dense` (a tied head
+    shares it with the embedding)."""
+    packed = PackedLinear(dense.weight, dense.bias)
+    if not keep_dense:
         dense.weight.data = torch.empty(0, dtype=dense.weight.dtype, device=dense.weight.device)
-    return fallback if blocks is None else BlockLinear(pack_panels(blocks), fallback, dense.bias, lower)
+    return packed

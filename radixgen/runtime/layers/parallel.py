@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from radixgen.runtime.kernels.block_gemm import PanelWeight, block_dequant_rows
 from radixgen.runtime.layers.linear import Linear
 
 
@@ -81,9 +82,12 @@ class VocabParallelHead(ShardedLinear):
         return torch.cat(parts, dim=1)[:, : self.vocab_size]  # [M, V]
 
 
-def embed_lookup(weight: torch.Tensor, ids: torch.Tensor, tp: TensorParallel | None) -> torch.Tensor:
-    """Embeddings [T, hidden] of `ids` [T]; under tensor parallelism `weight` holds this rank's
-    vocabulary rows (rank * rows ..), the other rows come from the other ranks' sums."""
+def embed_lookup(weight: torch.Tensor | PanelWeight, ids: torch.Tensor, tp: TensorParallel | None) -> torch.Tensor:
+    """Embeddings [T, hidden] of `ids` [T] (float32 rows dequantized from a block-kernel table); under
+    tensor parallelism `weight` (dense) holds this rank's vocabulary rows (rank * rows ..), the other
+    rows come from the other ranks' sums."""
+    if isinstance(weight, PanelWeight):
+        return block_dequant_rows(weight, ids)
     if tp is None:
         return weight.index_select(0, ids)
     rows = weight.shape[0]

@@ -4,9 +4,10 @@ RMSNorm, SwiGLU, optionally tied embeddings.
 
 A step's tokens (mixed extend/decode, variable lengths: a ForwardBatch) run through the layers with
 K/V read and written through the TokenToKVPool. q/k/v and gate/up projections are fused into one
-matrix each. The weights load as plain tensors; `specialize` then picks each layer's
-representations for the device (oneDNN-packed or GGUF-block linears, C per-token ops), and
-`bind_kv_pool` sets up the one-call C decode step where it applies.
+matrix each. `load_weights` reads each matrix into its representation: the GGUF blocks themselves
+(BlockLinear; the embedding table too) on a float32 CPU, else a plain tensor; `specialize` then
+packs the plain ones for oneDNN, sets how the block matrices take wide steps and turns on the C
+per-token ops, and `bind_kv_pool` sets up the one-call C decode step where it applies.
 
 Under tensor parallelism (`tp`) each rank builds the same model over its shard (`sharding.py`): its
 query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
@@ -23,17 +24,19 @@ from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.kernels.block_gemm import BlockWeight, block_rows_limit, concat_rows
+from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit, concat_rows, pack_panels
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
 from radixgen.runtime.layers.linear import (
     BlockLinear,
+    ConcatLinear,
     DenseLinear,
     Linear,
+    StoredLinear,
     long_extend_runs,
-    specialize,
+    pack,
     wide_rows,
 )
 from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
@@ -124,31 +127,31 @@ class LlamaModel(nn.Module):
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
         self.long_extend_min: int | None = None  # extends longer than this take lower-precision fallbacks
 
-    def specialize(self, pack: bool, blocks: dict[str, BlockWeight] | None, c_kernels: bool,
-                   wide_dtype: torch.dtype | None = None) -> None:
-        """Pick the representations to run in (once, after loading): oneDNN-packed matrices
-        (`pack`), GGUF-block copies for small batches (`blocks`, HF names; wider batches run their
-        packed fallback in `wide_dtype`, default the model's), C per-token ops."""
-        blocks = blocks or {}
-        if blocks and self.tp is not None:
-            raise ValueError("GGUF block weights are not sharded: tensor-parallel ranks run dense shards")
-        for i, layer in enumerate(self.layers):
-            for path, specs in layer_matrices(self.plan).items():
+    def specialize(self, pack_dense: bool, c_kernels: bool, wide_dtype: torch.dtype = torch.float32) -> None:
+        """Pick the representations to run in (once, after loading): plain matrices packed for oneDNN
+        (`pack_dense`); block matrices' wide steps (past `block_rows_limit()` rows, none on AMX) on
+        dequantized slices in `wide_dtype`, a lower precision taking the rows of long extends only (the
+        head, outside those, keeps every row in the block kernel); C per-token ops."""
+        limit = block_rows_limit()
+        lower = wide_dtype != torch.float32
+        for m in self.modules():
+            if isinstance(m, BlockLinear):
+                m.wide_dtype, m.long_extends_only = (None, False) if limit is None else (wide_dtype, lower)
+        for layer in self.layers:
+            for path in layer_matrices(self.plan):
                 parent, _, attr = path.rpartition(".")
                 owner = layer.get_submodule(parent) if parent else layer
-                found = [blocks.get(f"model.layers.{i}.{n}.weight") for n, _, _ in specs]
-                fused = concat_rows(found) if all(found) else None
-                setattr(owner, attr, _specialize(getattr(owner, attr), fused, pack, wide_dtype=wide_dtype))
+                if pack_dense:
+                    setattr(owner, attr, _packed(getattr(owner, attr)))
             if c_kernels:
                 layer.use_c_kernels()
         self.norm.in_c = c_kernels
-        tied = self.config.tie_word_embeddings
-        head = blocks.get("model.embed_tokens.weight" if tied else "lm_head.weight")
-        self.lm_head = _specialize(self.lm_head, head, pack, keep_dense=tied, wide_dtype=wide_dtype)
+        if pack_dense:
+            self.lm_head = _packed(self.lm_head, keep_dense=self.config.tie_word_embeddings)
         if isinstance(self.lm_head, BlockLinear) and self.lm_head.long_extends_only:
-            self.lm_head.fallback = None  # the head runs outside `wide_rows`: the block kernel takes all its rows
+            self.lm_head.wide_dtype = None  # the head runs outside `wide_rows`: the block kernel takes all its rows
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
-            self.long_extend_min = block_rows_limit()
+            self.long_extend_min = limit
 
     def use_triton_rope(self) -> None:
         """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch
@@ -224,16 +227,29 @@ class LlamaModel(nn.Module):
             h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]
 
-    def load_weights(self, ckpt: Checkpoint) -> None:
-        """Copy this rank's part of the HF-named checkpoint tensors into our fused parameters (reading
-        only that part; fails loudly on missing names)."""
+    def load_weights(self, ckpt: Checkpoint, blocks: bool = False) -> None:
+        """Read this rank's part of the HF-named checkpoint tensors (only that part; fails loudly on
+        missing names). With `blocks` (one rank, float32 CPU), every matrix the file holds quantized
+        becomes a BlockLinear over its blocks, the embedding table too (a tied head shares it), and a
+        16-bit one a StoredLinear: no float copy of them is made."""
         plan = self.plan
         vocab = plan.vocab_rows()
         with torch.no_grad():
-            _copy_rows(self.embed, ckpt.get("model.embed_tokens.weight", rows=vocab))
+            table = ckpt.quantized("model.embed_tokens.weight") if blocks else None
+            if table is not None:
+                del self.embed  # the Parameter: the table stays in blocks
+                self.embed: torch.Tensor | PanelWeight = pack_panels(table)
+                if self.config.tie_word_embeddings:
+                    self.lm_head = BlockLinear(self.embed, None)
+            else:
+                _copy_rows(self.embed, ckpt.get("model.embed_tokens.weight", rows=vocab))
             self.norm.weight.copy_(ckpt.get("model.norm.weight"))
             if not self.config.tie_word_embeddings:
-                _copy_rows(_dense(self.lm_head).weight, ckpt.get("lm_head.weight", rows=vocab))
+                head = _load_matrix(ckpt, _dense(self.lm_head), ["lm_head.weight"], vocab, None, blocks)
+                if isinstance(self.lm_head, ShardedLinear):
+                    self.lm_head.inner = head
+                else:
+                    self.lm_head = head
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
                 layer.input_norm.weight.copy_(ckpt.get(p + "input_layernorm.weight"))
@@ -245,17 +261,46 @@ class LlamaModel(nn.Module):
                     layer.attn.q_norm.copy_(ckpt.get(p + "self_attn.q_norm.weight"))
                     layer.attn.k_norm.copy_(ckpt.get(p + "self_attn.k_norm.weight"))
                 for path, specs in matrices.items():
-                    parts = [ckpt.get(p + n + ".weight", rows=r, cols=c) for n, r, c in specs]
-                    _dense(layer.get_submodule(path)).weight.copy_(torch.cat(parts))
+                    parent, _, attr = path.rpartition(".")
+                    owner = layer.get_submodule(parent) if parent else layer
+                    m = getattr(owner, attr)
+                    names = [p + n + ".weight" for n, _, _ in specs]
+                    rows, cols = [r for _, r, _ in specs], [c for _, _, c in specs]
+                    loaded = _load_matrix(ckpt, _dense(m), names, rows, cols, blocks)
+                    if isinstance(m, ShardedLinear):
+                        m.inner = loaded
+                    else:
+                        setattr(owner, attr, loaded)
 
 
-def _specialize(m: Linear, blocks: BlockWeight | None, pack: bool, keep_dense: bool = False,
-                wide_dtype: torch.dtype | None = None) -> Linear:
-    """`specialize` for a plain matrix or for the matrix inside a tensor-parallel wrapper."""
+def _load_matrix(ckpt: Checkpoint, dense: DenseLinear, names: list[str], rows: list[slice | None] | slice | None,
+                 cols: list[slice | None] | None, blocks: bool) -> Linear:
+    """The matrix stacking checkpoint tensors `names` (each its rows and columns), with `dense`'s bias:
+    over the file's blocks where `blocks` and it holds them quantized (one BlockLinear, or one per part
+    where no block format holds them all), kept 16-bit where it holds them so, else copied into `dense`."""
+    rows = rows if isinstance(rows, list) else [rows] * len(names)
+    cols = cols or [None] * len(names)
+    if blocks:
+        found = [ckpt.quantized(n) for n in names]
+        if all(w is not None for w in found):
+            fused = concat_rows(found)
+            if fused is not None:
+                return BlockLinear(pack_panels(fused), dense.bias)
+            return ConcatLinear([BlockLinear(pack_panels(w), None) for w in found], dense.bias)
+        stored = [ckpt.stored(n) for n in names]
+        if all(w is not None for w in stored):
+            return StoredLinear(torch.cat(stored), dense.bias)
+    parts = [ckpt.get(n, rows=r, cols=c) for n, r, c in zip(names, rows, cols, strict=True)]
+    _copy_rows(dense.weight, torch.cat(parts))
+    return dense
+
+
+def _packed(m: Linear, keep_dense: bool = False) -> Linear:
+    """A plain matrix (inside its tensor-parallel wrapper, if any) packed for oneDNN; others as they are."""
     if isinstance(m, ShardedLinear):
-        m.inner = specialize(m.inner, blocks, pack, keep_dense, wide_dtype)
+        m.inner = _packed(m.inner, keep_dense)
         return m
-    return specialize(m, blocks, pack, keep_dense, wide_dtype)
+    return pack(m, keep_dense) if type(m) is DenseLinear else m
 
 
 def _copy_rows(param: torch.Tensor, rows: torch.Tensor) -> None:

@@ -1,31 +1,30 @@
 """Weight loading: HF directories (config.json + *.safetensors) and GGUF files.
 
-Both give a `ModelConfig` and a `Checkpoint` of HF-named float tensors read lazily from safetensors
-files, so a tensor-parallel rank reads only its slices. GGUF tensors are dequantized with the `gguf`
-package; llama's attn_q / attn_k are stored permuted for llama.cpp's rotary layout and are un-permuted
-here. Dequantized GGUF weights are cached as safetensors in the user cache dir (dequantizing all of
-SmolLM2's 272 tensors takes ~5 s; reading the cache well under 1 s), which is what the checkpoint
-reads. `load_gguf_blocks` reads the quantized blocks themselves for the block kernels.
+Both give a `ModelConfig` and a `Checkpoint`: HF-named tensors read lazily, so a tensor-parallel rank
+reads only its slices. A GGUF's matrices stay in their quantized blocks: `quantized(name)` reads one
+from the file (os.pread of its bytes, so no page of the file stays mapped) into the block kernel's
+`BlockWeight`, value for value (`kernels/gguf_blocks.py`), and `stored(name)` an F16 / BF16 one in its
+own dtype; `get` dequantizes a tensor to float32 for what runs dense (norms, tensor-parallel shards, a
+GPU). Nothing is cached on disk and no float32 copy of the model is made. llama's attn_q / attn_k are
+stored permuted for llama.cpp's rotary layout and are un-permuted here (rows of the blocks, too).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
-import time
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 
-from radixgen.runtime.kernels.block_gemm import GGUF_BLOCK_BYTES, BlockWeight, from_gguf
+from radixgen.runtime.kernels.block_gemm import BlockWeight
+from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, block_weight, dense_from_gguf
 from radixgen.runtime.models.config import ModelConfig
-from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
+from radixgen.runtime.models.resolve import resolve_model_path
 
-logger = logging.getLogger(__name__)
-GGUF_QUANTS = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
 GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -38,7 +37,6 @@ GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-WEIGHTS_CACHE_NAME = "weights.safetensors"
 
 
 class Checkpoint(Protocol):
@@ -46,6 +44,12 @@ class Checkpoint(Protocol):
 
     def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """Tensor `name` (rows `rows`, columns `cols` of a matrix; None: all); KeyError if missing."""
+
+    def quantized(self, name: str) -> BlockWeight | None:
+        """Matrix `name` in quantized blocks, where the file holds it so (None: it does not)."""
+
+    def stored(self, name: str) -> torch.Tensor | None:
+        """Matrix `name` in the 16-bit float type the file holds it in (None: another type)."""
 
 
 class SafetensorsCheckpoint:
@@ -68,10 +72,15 @@ class SafetensorsCheckpoint:
         part = handle.get_slice(name)
         return part[rows or slice(None)] if cols is None else part[rows or slice(None), cols]
 
+    def quantized(self, name: str) -> BlockWeight | None:
+        return None
+
+    def stored(self, name: str) -> torch.Tensor | None:
+        return None
+
 
 def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Checkpoint]:
-    """Resolve `model` and return its config and its HF-named float32/bf16 weights (read lazily).
-    A GGUF is dequantized once into a safetensors cache (see `gguf_weights_file`)."""
+    """Resolve `model` and return its config and its HF-named weights (read lazily)."""
     path = resolve_model_path(model)
     if path.is_dir():
         config = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
@@ -79,8 +88,9 @@ def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Check
         if not files:
             raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
         return config, SafetensorsCheckpoint(files)
-    config = gguf_config(gguf_reader(path))
-    return config, SafetensorsCheckpoint([gguf_weights_file(path, config)])
+    reader = gguf_reader(path)
+    config = gguf_config(reader)
+    return config, GGUFCheckpoint(path, reader, config)
 
 
 def gguf_reader(path: Path):
@@ -131,14 +141,9 @@ def gguf_config(reader) -> ModelConfig:
     )
 
 
-def _unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Undo llama.cpp's per-head rotary permutation of a q/k weight [n_head * head_dim, in]."""
-    out_dim, in_dim = w.shape
-    return w.reshape(n_head, out_dim // n_head // 2, 2, in_dim).transpose(1, 2).reshape(out_dim, in_dim)
-
-
 def _unpermute_rows(out_dim: int, n_head: int) -> torch.Tensor:
-    """Row order of `_unpermute_rope` as an index: new row r is old row index[r]."""
+    """Row order that undoes llama.cpp's per-head rotary permutation of a q/k weight [n_head * head_dim,
+    in] (reshape [n_head, head_dim/2, 2, in], swap axes 1 and 2): new row r is old row index[r]."""
     return torch.arange(out_dim).reshape(n_head, out_dim // n_head // 2, 2).transpose(1, 2).reshape(-1)
 
 
@@ -152,56 +157,73 @@ def _hf_name(gguf_name: str) -> str:
     raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
-def load_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, BlockWeight]:
-    """The GGUF's Q4_0/Q4_1/Q8_0 matrices as BlockWeights (HF names, q/k rows un-permuted), read
-    without dequantizing; other tensors are left out (they run dense)."""
-    reader = gguf_reader(path)
-    blocks: dict[str, BlockWeight] = {}
-    for t in reader.tensors:
-        if t.tensor_type.name not in GGUF_BLOCK_BYTES or len(t.shape) != 2:
-            continue
-        name = _hf_name(t.name)
-        w = from_gguf(t.data, t.tensor_type.name)
-        if name.endswith("q_proj.weight"):
-            w = w.rows(_unpermute_rows(w.shape[0], config.num_heads))
-        elif name.endswith("k_proj.weight"):
-            w = w.rows(_unpermute_rows(w.shape[0], config.num_kv_heads))
-        blocks[name] = w
-    return blocks
+class GGUFCheckpoint:
+    """A GGUF file's tensors under HF names, each read from the file when asked for (os.pread: the
+    bytes are the caller's until it drops them; the file's pages are not mapped into the process)."""
 
+    def __init__(self, path: Path, reader, config: ModelConfig) -> None:
+        self.path = path
+        self._tensors = {_hf_name(t.name): t for t in reader.tensors}
+        self._heads = {"self_attn.q_proj.weight": config.num_heads, "self_attn.k_proj.weight": config.num_kv_heads}
+        for t in reader.tensors:
+            qtype = t.tensor_type.name
+            if qtype not in BLOCK_BYTES and qtype not in DENSE_TYPES:
+                raise ValueError(f"unsupported GGUF type {qtype} in tensor {t.name!r} of {path.name} (supported: "
+                                 f"{', '.join([*BLOCK_BYTES, *sorted(DENSE_TYPES)])})")
 
-def gguf_weights_file(path: Path, config: ModelConfig) -> Path:
-    """The GGUF's weights dequantized to float32 HF-named tensors in a safetensors file in the user
-    cache dir, written on first use (q/k rows un-permuted)."""
-    import gguf
-    from safetensors.torch import save_file
+    def _tensor(self, name: str):
+        t = self._tensors.get(name)
+        if t is None:
+            raise KeyError(f"weight {name!r} missing from {self.path.name}")
+        return t
 
-    cache = cache_dir_for(path) / WEIGHTS_CACHE_NAME
-    if cache.is_file():
-        return cache
-    reader = gguf_reader(path)
-    logger.info("dequantizing %d GGUF tensors of %s (first load of this file; cached in %s)", len(reader.tensors),
-                path.name, cache.parent)
-    t0 = time.perf_counter()
-    weights: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        qtype = t.tensor_type.name
-        if qtype not in GGUF_QUANTS:
-            raise ValueError(
-                f"unsupported GGUF quantization {qtype} in tensor {t.name!r} "
-                f"(supported: {', '.join(sorted(GGUF_QUANTS))})"
-            )
-        name = _hf_name(t.name)
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)  # numpy, outermost-first shape
-        w = torch.from_numpy(arr.reshape([int(d) for d in reversed(t.shape)]).copy()).float()
-        if name.endswith("q_proj.weight"):
-            w = _unpermute_rope(w, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = _unpermute_rope(w, config.num_kv_heads)
-        weights[name] = w
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(f".tmp{os.getpid()}")
-    save_file(weights, str(tmp))
-    os.replace(tmp, cache)
-    logger.info("dequantized in %.1f s", time.perf_counter() - t0)
-    return cache
+    def _raw(self, name: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
+        """The tensor's bytes as uint8 [rows, bytes per row], its GGUF type and its shape (outermost first)."""
+        t = self._tensor(name)
+        shape = tuple(int(d) for d in reversed(t.shape))
+        data = np.empty(int(t.n_bytes), dtype=np.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(int(t.data_offset))
+            if f.readinto(memoryview(data)) != data.size:
+                raise ValueError(f"{self.path.name} ends inside tensor {t.name!r}: the file is truncated")
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        return data.reshape(rows, -1), t.tensor_type.name, shape
+
+    def _rope_rows(self, name: str, n: int) -> torch.Tensor | None:
+        """The un-permuting row order for a q/k weight of n rows (None for any other tensor)."""
+        heads = next((h for suffix, h in self._heads.items() if name.endswith(suffix)), None)
+        return None if heads is None else _unpermute_rows(n, heads)
+
+    def quantized(self, name: str) -> BlockWeight | None:
+        t = self._tensor(name)
+        if t.tensor_type.name not in BLOCK_BYTES or len(t.shape) != 2:
+            return None
+        raw, qtype, shape = self._raw(name)
+        w = block_weight(raw, qtype)
+        order = self._rope_rows(name, shape[0])
+        return w if order is None else w.rows(order)
+
+    def stored(self, name: str) -> torch.Tensor | None:
+        t = self._tensor(name)
+        if t.tensor_type.name not in ("F16", "BF16") or len(t.shape) != 2:
+            return None
+        raw, qtype, shape = self._raw(name)
+        w = dense_from_gguf(raw.reshape(-1).view(np.float16 if qtype == "F16" else np.uint16), qtype, shape)
+        order = self._rope_rows(name, shape[0])
+        return w.clone() if order is None else w.index_select(0, order)
+
+    def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
+        raw, qtype, shape = self._raw(name)
+        if qtype in BLOCK_BYTES:
+            w = block_weight(raw, qtype).dequantize().reshape(shape)
+        else:
+            flat = raw.reshape(-1).view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qtype])
+            w = dense_from_gguf(flat, qtype, shape).float()
+        order = self._rope_rows(name, shape[0])
+        if order is not None:
+            w = w.index_select(0, order)
+        if rows is not None:
+            w = w[rows]
+        if cols is not None:
+            w = w[:, cols]
+        return w.contiguous()

@@ -4,7 +4,7 @@
  * both builds see the same ones.
  *
  *   kernel_driver level                               rg_simd_level() as text
- *   kernel_driver gemm BITS M K N SEED                y [M, N] of block_gemm (BITS 4 or 8)
+ *   kernel_driver gemm FMT M K N SEED                 y [M, N] of block_gemm (FMT 0..4: block_format.h)
  *   kernel_driver attention KV B H HKV D LEN SEED     out [B, H, D] of decode_attention, request b's
  *                                                     keys LEN - b at scattered slots (KV: 0 f32,
  *                                                     1 bf16, 2 f16, 3 int8 rows with a float scale)
@@ -39,18 +39,25 @@ static void *alloc(size_t bytes) {
 
 static int emit(const float *y, size_t n) { return fwrite(y, sizeof(float), n, stdout) == n ? 0 : 1; }
 
-static int gemm(int64_t bits, int64_t M, int64_t K, int64_t N) {
+/* FMT: block_format.h's FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2 (0 .. 4). */
+static int gemm(int fmt, int64_t M, int64_t K, int64_t N) {
+    static const int64_t bits_of[] = {4, 8, 4, 8, 8}, flags_of[] = {0, 0, 1, 3, 7};
+    const int64_t bits = bits_of[fmt], halves = fmt == 4 ? 2 : 1, f32 = fmt >= 2;
     const int64_t panels = (N + 15) / 16, nb = K / 32, block_bytes = bits == 4 ? 256 : 512;
+    const int64_t scales = panels * nb * halves * 16;
     uint8_t *qs = alloc((size_t)(panels * nb * block_bytes));
-    uint16_t *d = alloc(sizeof(uint16_t) * (size_t)(panels * nb * 16)), *m = alloc(sizeof(uint16_t) * (size_t)(panels * nb * 16));
-    for (int64_t i = 0; i < panels * nb * block_bytes; i++) qs[i] = (uint8_t)(uniform(0.0f, 256.0f));
-    for (int64_t i = 0; i < panels * nb * 16; i++) {
-        d[i] = rg_float_to_half(uniform(0.001f, 0.02f));
-        m[i] = rg_float_to_half(uniform(-0.15f, 0.0f));
+    const float qmax = fmt >= 3 ? 64.0f : 256.0f;  /* unsigned 8-bit q are at most 63 */
+    for (int64_t i = 0; i < panels * nb * block_bytes; i++) qs[i] = (uint8_t)(uniform(0.0f, qmax));
+    uint16_t *d16 = alloc(sizeof(uint16_t) * (size_t)scales), *m16 = alloc(sizeof(uint16_t) * (size_t)scales);
+    float *d32 = alloc(sizeof(float) * (size_t)scales), *m32 = alloc(sizeof(float) * (size_t)scales);
+    for (int64_t i = 0; i < scales; i++) {
+        d32[i] = uniform(0.001f, 0.02f), m32[i] = uniform(-0.15f, 0.0f);
+        d16[i] = rg_float_to_half(d32[i]), m16[i] = rg_float_to_half(m32[i]);
     }
     float *x = alloc(sizeof(float) * (size_t)(M * K)), *y = alloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = uniform(-2.0f, 2.0f);
-    const rg_block_weight w = {bits, qs, d, bits == 4 ? m : NULL};
+    const void *d = f32 ? (const void *)d32 : (const void *)d16, *m = f32 ? (const void *)m32 : (const void *)m16;
+    const rg_block_weight w = {bits, flags_of[fmt], qs, d, fmt == 1 ? NULL : m};
     if (block_gemm(&w, x, M, K, N, y, 2) != 0) return 1;
     return emit(y, (size_t)(M * N));
 }
@@ -111,7 +118,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "level") == 0) return printf("%d\n", rg_simd_level()) < 0;
     if (argc == 7 && strcmp(argv[1], "gemm") == 0) {
         rng_state = strtoull(argv[6], NULL, 10) * 2 + 1;
-        return gemm(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]));
+        return gemm(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]));
     }
     if (argc == 9 && strcmp(argv[1], "attention") == 0) {
         rng_state = strtoull(argv[8], NULL, 10) * 2 + 1;

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "amx_gemm.h"
+#include "block_format.h"
 #include "radixgen_kernels.h"
 #include "scratch.h"
 #include "simd_math.h"
@@ -49,8 +50,9 @@ typedef struct {
     int8_t q[LIMBS][QK];
     float s;              /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
     float sum;            /* sum of the block's x (float) */
-    int32_t qsum[LIMBS];  /* sum of each limb's q (8-bit weights' unsigned offset) */
-    int32_t pad[3];
+    int32_t qsum[LIMBS];  /* sum of each limb's q (signed 8-bit weights' unsigned offset) */
+    float half_sum[2];    /* sums of the block's halves (x 0..15, 16..31), for per-half mins */
+    int32_t pad;
 } xblock;
 
 _Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
@@ -61,6 +63,8 @@ static void quantize_block(const float *x, xblock *out) {
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
     out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+    out->half_sum[0] = _mm512_reduce_add_ps(v0);
+    out->half_sum[1] = _mm512_reduce_add_ps(v1);
 #elif defined(RG_AVX2)
     __m256 v[4], mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -71,6 +75,8 @@ static void quantize_block(const float *x, xblock *out) {
     }
     amax = hmax(mx);
     out->sum = hsum(sm);
+    out->half_sum[0] = hsum(_mm256_add_ps(v[0], v[1]));
+    out->half_sum[1] = hsum(_mm256_add_ps(v[2], v[3]));
 #elif defined(RG_NEON)
     float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);
     for (int i = 0; i < 8; i++) {
@@ -80,13 +86,18 @@ static void quantize_block(const float *x, xblock *out) {
     }
     amax = vmaxvq_f32(mx);
     out->sum = vaddvq_f32(sm);
+    out->half_sum[0] = vaddvq_f32(vaddq_f32(vaddq_f32(v[0], v[1]), vaddq_f32(v[2], v[3])));
+    out->half_sum[1] = vaddvq_f32(vaddq_f32(vaddq_f32(v[4], v[5]), vaddq_f32(v[6], v[7])));
 #else
-    float sum = 0.0f;
+    float sum = 0.0f, half[2] = {0.0f, 0.0f};
     for (int j = 0; j < QK; j++) {
         amax = fmaxf(amax, fabsf(x[j]));
         sum += x[j];
+        half[j / 16] += x[j];
     }
     out->sum = sum;
+    out->half_sum[0] = half[0];
+    out->half_sum[1] = half[1];
 #endif
     if (!(amax > 0.0f) || !isfinite(amax)) {  /* zeros (or non-finite input: garbage in, no crash) */
         memset(out->q, 0, sizeof out->q);
@@ -179,69 +190,121 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, xblock *xq, int 
 
 static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
 
+/* The scalar reference of `panel` (below) for every format: the same integer sums, combined in the same
+ * order. SIMD builds run it for the formats their vector path does not read (none on x86). */
+static void panel_ref(const int fmt, const int mr, const uint8_t *qs, const void *d, const void *m, int64_t nb,
+                      const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    const int halves = FMT_HALVES(fmt), span = QK / halves;
+    for (int i = 0; i < mr; i++)
+        for (int64_t c = 0; c < nvalid; c++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const xblock *xb = xq + i * nb + b;
+                const uint8_t *qb = qs + b * FMT_BLOCK_BYTES(fmt);
+                for (int h = 0; h < halves; h++) {
+                    int32_t a[LIMBS] = {0, 0, 0};
+                    for (int k = h * span; k < (h + 1) * span; k++) {
+                        const int32_t q = rg_block_q(fmt, qb, c, k);
+                        for (int l = 0; l < LIMBS; l++) a[l] += q * xb->q[l][k];
+                    }
+                    const int64_t at = (b * halves + h) * NR + c;
+                    const float v = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                    acc += v * (rg_block_scale(fmt, d, at) * xb->s);
+                    if (FMT_HAS_MIN(fmt))
+                        acc += rg_block_scale(fmt, m, at) * (halves == 2 ? xb->half_sum[h] : xb->sum);
+                }
+            }
+            y[i * ldy + c] = acc;
+        }
+}
+
 #if defined(RG_AVX512)
+/* 16 scales or mins (fp16 or float32 by format) from element i of a panel's array. */
+static inline __attribute__((always_inline)) __m512 load16(const int fmt, const void *p, int64_t i) {
+    return FMT_F32(fmt) ? _mm512_loadu_ps((const float *)p + i)
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+}
+
 /* acc[r] += block b's products for R rows (xb[r * nb]) of one panel (w: its 8 weight vectors; d, m: its
- * scales and mins). The rows' limb sums are independent dependency chains, interleaved so that
- * vpdpbusd's latency is hidden; being integer sums, their order does not change any result. */
-static inline __attribute__((always_inline)) void rows_block(const int R, const int bits, const __m512i *w, __m512 d,
-                                                              __m512 m, const xblock *xb, int64_t nb, __m512 *acc) {
-    __m512i a[2][LIMBS];
+ * scales and mins, one per half block). The rows' limb sums are independent dependency chains,
+ * interleaved so that vpdpbusd's latency is hidden; being integer sums, their order does not change any
+ * result. */
+static inline __attribute__((always_inline)) void rows_block(const int R, const int fmt, const __m512i *w,
+                                                              const __m512 *d, const __m512 *m, const xblock *xb,
+                                                              int64_t nb, __m512 *acc) {
+    const int halves = FMT_HALVES(fmt);
+    __m512i a[2][2][LIMBS];  /* [row][half][limb] */
     for (int r = 0; r < R; r++)
-        for (int l = 0; l < LIMBS; l++) a[r][l] = _mm512_setzero_si512();
+        for (int h = 0; h < halves; h++)
+            for (int l = 0; l < LIMBS; l++) a[r][h][l] = _mm512_setzero_si512();
     for (int g = 0; g < 8; g++)
         for (int r = 0; r < R; r++)
             for (int l = 0; l < LIMBS; l++) {
                 int32_t x4;
                 memcpy(&x4, xb[r * nb].q[l] + 4 * g, 4);
-                a[r][l] = _mm512_dpbusd_epi32(a[r][l], w[g], _mm512_set1_epi32(x4));
+                const int h = halves == 2 ? g / 4 : 0;
+                a[r][h][l] = _mm512_dpbusd_epi32(a[r][h][l], w[g], _mm512_set1_epi32(x4));
             }
     const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
     for (int r = 0; r < R; r++) {
         const xblock *x = xb + r * nb;
-        if (bits == 8)
-            for (int l = 0; l < LIMBS; l++) a[r][l] = _mm512_sub_epi32(a[r][l], _mm512_set1_epi32(128 * x->qsum[l]));
-        __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][1]), c1, _mm512_cvtepi32_ps(a[r][0]));
-        v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][2]), c2, v);
-        acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(x->s)), acc[r]);
-        if (bits == 4) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x->sum), acc[r]);
+        for (int h = 0; h < halves; h++) {
+            if (fmt == FMT_I8H)
+                for (int l = 0; l < LIMBS; l++)
+                    a[r][h][l] = _mm512_sub_epi32(a[r][h][l], _mm512_set1_epi32(128 * x->qsum[l]));
+            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, _mm512_cvtepi32_ps(a[r][h][0]));
+            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
+            acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d[h], _mm512_set1_ps(x->s)), acc[r]);
+            if (FMT_HAS_MIN(fmt))
+                acc[r] = _mm512_fmadd_ps(m[h], _mm512_set1_ps(halves == 2 ? x->half_sum[h] : x->sum), acc[r]);
+        }
     }
 }
 
 /* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
-static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
-                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
+                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
+                                                         int64_t ldy, int64_t nvalid) {
     __m512 acc[MR];
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
-    const int64_t block_bytes = bits == 4 ? 256 : 512;
+    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
+    const int64_t scale_bytes = NR * halves * (FMT_F32(fmt) ? 4 : 2);  /* a block's scales (and mins) */
     for (int64_t b = 0; b < nb; b++) {
         /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
         const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
         for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        _mm_prefetch((const char *)(d16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
-        if (bits == 4) _mm_prefetch((const char *)(m16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d16 + b * NR)));
-        __m512 m = _mm512_setzero_ps();
+        for (int64_t line = 0; line < scale_bytes; line += 64) {
+            _mm_prefetch((const char *)ds + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+            if (FMT_HAS_MIN(fmt)) _mm_prefetch((const char *)ms + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+        }
+        __m512 d[2], m[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int h = 0; h < halves; h++) {
+            d[h] = load16(fmt, ds, (b * halves + h) * NR);
+            if (FMT_HAS_MIN(fmt)) m[h] = load16(fmt, ms, (b * halves + h) * NR);
+        }
         __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned */
-        if (bits == 4) {
-            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m16 + b * NR)));
+        if (FMT_BITS(fmt) == 4) {
             const uint8_t *qb = qs + b * 256;
             for (int g = 0; g < 4; g++) {
                 const __m512i v = _mm512_loadu_si512(qb + 64 * g);
                 w[g] = _mm512_and_si512(v, _mm512_set1_epi8(15));
                 w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
             }
-        } else {  /* int8 + 128 as unsigned; the offset is taken off with the limbs' sums */
+        } else {  /* signed int8 + 128 as unsigned: the offset is taken off with the limbs' sums */
             const uint8_t *qb = qs + b * 512;
-            for (int g = 0; g < 8; g++) w[g] = _mm512_xor_si512(_mm512_loadu_si512(qb + 64 * g), _mm512_set1_epi8(-128));
+            for (int g = 0; g < 8; g++) {
+                const __m512i v = _mm512_loadu_si512(qb + 64 * g);
+                w[g] = fmt == FMT_I8H ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : v;
+            }
         }
         int i = 0;
-        for (; i + 2 <= mr; i += 2) rows_block(2, bits, w, d, m, xq + i * nb + b, nb, acc + i);
-        if (i < mr) rows_block(1, bits, w, d, m, xq + i * nb + b, nb, acc + i);
+        for (; i + 2 <= mr; i += 2) rows_block(2, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
+        if (i < mr) rows_block(1, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
     }
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
+#define PANEL_FORMATS 5 /* formats the vector path reads: all */
 #elif defined(RG_AVX2)
 /* acc += the dword dot products of 4 unsigned weight bytes with 4 signed activation bytes. */
 static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
@@ -259,20 +322,21 @@ static inline __m256i bcast4(const int8_t *x) {
     return _mm256_set1_epi32(x4);
 }
 
-/* Dword lane c: the sum over the block's 32 k of weight row c (of this half; w[g]: k = 4g .. 4g + 3) times
- * one limb's activation bytes xl. Integer sums, exact in any order. */
-static inline __attribute__((always_inline)) __m256i limb_dot(const int bits, const __m256i *w, const int8_t *xl) {
+/* Dword lane c: the sum over groups g0 .. g1 - 1 (k = 4g0 .. 4g1 - 1) of weight row c (of this half of the
+ * panel) times one limb's activation bytes xl. Integer sums, exact in any order. */
+static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, const __m256i *w, const int8_t *xl,
+                                                               const int g0, const int g1) {
 #ifndef RG_AVXVNNI
-    if (bits == 4) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
+    if (FMT_BITS(fmt) == 4) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
         __m256i s = _mm256_setzero_si256();
-        for (int g = 0; g < 8; g++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g)));
+        for (int g = g0; g < g1; g++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g)));
         return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
     }
 #endif
     __m256i a = _mm256_setzero_si256();
-    for (int g = 0; g < 8; g++) {
+    for (int g = g0; g < g1; g++) {
         const __m256i x = bcast4(xl + 4 * g);
-        if (bits == 4) a = dot4(a, w[g], x);
+        if (fmt != FMT_I8H) a = dot4(a, w[g], x);  /* unsigned q <= 63: pair sums below 2^15 */
 #ifdef RG_AVXVNNI
         else a = dot4(a, _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)), x);
 #else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
@@ -282,13 +346,20 @@ static inline __attribute__((always_inline)) __m256i limb_dot(const int bits, co
     return a;
 }
 
+/* 8 scales or mins (fp16 or float32 by format) from element i of a panel's array. */
+static inline __attribute__((always_inline)) __m256 load8(const int fmt, const void *p, int64_t i) {
+    return FMT_F32(fmt) ? _mm256_loadu_ps((const float *)p + i)
+                        : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+}
+
 /* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other; a
  * block's weights are unpacked once for all mr rows. */
-static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
-                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
+                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
+                                                         int64_t ldy, int64_t nvalid) {
     const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
-    const int64_t block_bytes = bits == 4 ? 256 : 512;
+    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
+    const int64_t scale_bytes = NR * halves * (FMT_F32(fmt) ? 4 : 2);
     for (int h = 0; h < 2; h++) {
         __m256 acc[MR];
         for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
@@ -296,15 +367,20 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
             if (h == 0) {  /* the first half's pass streams the panel in (as the AVX-512 path: 8 blocks ahead) */
                 const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
                 for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-                _mm_prefetch((const char *)(d16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
-                if (bits == 4) _mm_prefetch((const char *)(m16 + (b + PREFETCH_BLOCKS) * NR), _MM_HINT_T0);
+                for (int64_t line = 0; line < scale_bytes; line += 64) {
+                    _mm_prefetch((const char *)ds + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+                    if (FMT_HAS_MIN(fmt))
+                        _mm_prefetch((const char *)ms + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+                }
             }
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d16 + b * NR + 8 * h)));
-            const __m256 m = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m16 + b * NR + 8 * h)))
-                                       : _mm256_setzero_ps();
+            __m256 d[2], m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+            for (int s = 0; s < halves; s++) {
+                d[s] = load8(fmt, ds, (b * halves + s) * NR + 8 * h);
+                if (FMT_HAS_MIN(fmt)) m[s] = load8(fmt, ms, (b * halves + s) * NR + 8 * h);
+            }
             __m256i w[8];
             for (int g = 0; g < 8; g++) {
-                if (bits == 4) {
+                if (FMT_BITS(fmt) == 4) {
                     const uint8_t *q = qs + b * block_bytes + 64 * (g & 3) + 32 * h;
                     const __m256i v = _mm256_loadu_si256((const __m256i *)q);
                     w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
@@ -314,16 +390,19 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
             }
             for (int i = 0; i < mr; i++) {
                 const xblock *xb = xq + i * nb + b;
-                __m256i a[LIMBS];
-                for (int l = 0; l < LIMBS; l++) a[l] = limb_dot(bits, w, xb->q[l]);
+                for (int s = 0; s < halves; s++) {
+                    __m256i a[LIMBS];
+                    for (int l = 0; l < LIMBS; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
 #ifdef RG_AVXVNNI
-                if (bits == 8)
-                    for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
+                    if (fmt == FMT_I8H)
+                        for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
 #endif
-                __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
-                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, v);
-                acc[i] = _mm256_fmadd_ps(v, _mm256_mul_ps(d, _mm256_set1_ps(xb->s)), acc[i]);
-                if (bits == 4) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->sum), acc[i]);
+                    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
+                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, v);
+                    acc[i] = _mm256_fmadd_ps(v, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
+                    if (FMT_HAS_MIN(fmt))
+                        acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(halves == 2 ? xb->half_sum[s] : xb->sum), acc[i]);
+                }
             }
         }
         const int64_t n0 = 8 * h, cnt = nvalid - n0 < 0 ? 0 : (nvalid - n0 > 8 ? 8 : nvalid - n0);
@@ -334,6 +413,7 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
         }
     }
 }
+#define PANEL_FORMATS 5
 #elif defined(RG_NEON)
 /* Group g's weights of block qb (k = 4g .. 4g + 3 of the 16 rows) as signed bytes, rows 4h .. 4h + 3 in
  * w[h]: each int32 lane of sdot's products is then one output row. 4-bit q (0..15) fit int8 as they
@@ -359,11 +439,13 @@ static inline __attribute__((always_inline)) void neon_weights(const int bits, c
             for (int h = 0; h < 4; h++) a[l][h] = vdotq_laneq_s32(a[l][h], w[h], x[l][(G) / 4], (G) % 4); \
     } while (0)
 
-/* `panel` on 4-float vectors (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
+/* `panel` on 4-float vectors for the fp16 formats (U4H, I8H) (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
  * three limbs' 12 int32 sums stay in registers over the block's 8 groups. */
-static inline __attribute__((always_inline)) void panel(const int bits, const int mr, const uint8_t *qs,
-                                                         const uint16_t *d16, const uint16_t *m16, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
+                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
+                                                         int64_t ldy, int64_t nvalid) {
+    const int bits = FMT_BITS(fmt);
+    const uint16_t *d16 = (const uint16_t *)ds, *m16 = (const uint16_t *)ms;
     float32x4_t acc[MR][4];
     for (int i = 0; i < mr; i++)
         for (int h = 0; h < 4; h++) acc[i][h] = vdupq_n_f32(0.0f);
@@ -402,55 +484,48 @@ static inline __attribute__((always_inline)) void panel(const int bits, const in
     }
 }
 #undef NEON_GROUP
+#define PANEL_FORMATS 2 /* U4H and I8H; the others take panel_ref */
 #else
-/* The scalar reference: the same integer sums, combined in the same order. */
-static void panel(const int bits, const int mr, const uint8_t *qs, const uint16_t *d16, const uint16_t *m16,
-                  int64_t nb, const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
-    for (int i = 0; i < mr; i++)
-        for (int64_t c = 0; c < nvalid; c++) {
-            float acc = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const xblock *xb = xq + i * nb + b;
-                int32_t a[LIMBS] = {0, 0, 0};
-                for (int k = 0; k < QK; k++) {
-                    const int g = k / 4, t = k % 4;
-                    int32_t q;
-                    if (bits == 4) {
-                        const uint8_t v = qs[b * 256 + 64 * (g & 3) + 4 * c + t];
-                        q = g < 4 ? (v & 15) : (v >> 4);
-                    } else {
-                        q = (int8_t)qs[b * 512 + 64 * g + 4 * c + t];
-                    }
-                    for (int l = 0; l < LIMBS; l++) a[l] += q * xb->q[l][k];
-                }
-                const float v = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
-                acc += v * (rg_half_to_float(d16[b * NR + c]) * xb->s);
-                if (bits == 4) acc += rg_half_to_float(m16[b * NR + c]) * xb->sum;
-            }
-            y[i * ldy + c] = acc;
-        }
-}
+#define PANEL_FORMATS 0 /* the scalar build: panel_ref for all */
 #endif
 
-/* `panel` with mr a compile-time constant (accumulators in registers). */
-static void panel_any(int bits, int mr, const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t nb,
+/* `panel` (or `panel_ref`) with the format and mr compile-time constants (accumulators in registers). */
+static void panel_any(int fmt, int mr, const uint8_t *qs, const void *d, const void *m, int64_t nb,
                       const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
-#define CASE(R)                                                             \
-    case R:                                                                 \
-        if (bits == 4) panel(4, R, qs, d, m, nb, xq, y, ldy, nvalid);       \
-        else panel(8, R, qs, d, m, nb, xq, y, ldy, nvalid);                 \
+    if (fmt >= PANEL_FORMATS) {
+        panel_ref(fmt, mr, qs, d, m, nb, xq, y, ldy, nvalid);
         return;
+    }
+#if PANEL_FORMATS > 0
+#define CASE(R)                                                                 \
+    case R:                                                                     \
+        switch (fmt) {                                                          \
+            case FMT_U4H: panel(FMT_U4H, R, qs, d, m, nb, xq, y, ldy, nvalid); return; \
+            case FMT_I8H: panel(FMT_I8H, R, qs, d, m, nb, xq, y, ldy, nvalid); return; \
+            PANEL_CASES_F32(R)                                                  \
+        }                                                                       \
+        return;
+#if PANEL_FORMATS > 2
+#define PANEL_CASES_F32(R)                                                      \
+    case FMT_U4F: panel(FMT_U4F, R, qs, d, m, nb, xq, y, ldy, nvalid); return;  \
+    case FMT_U8F: panel(FMT_U8F, R, qs, d, m, nb, xq, y, ldy, nvalid); return;  \
+    case FMT_U8F2: panel(FMT_U8F2, R, qs, d, m, nb, xq, y, ldy, nvalid); return;
+#else
+#define PANEL_CASES_F32(R)
+#endif
     switch (mr) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
     }
 #undef CASE
+#undef PANEL_CASES_F32
+#endif
 }
 
 typedef struct {
-    int bits;
+    int fmt;
     const uint8_t *qs;
-    const uint16_t *d, *m;
-    int64_t nb, panel_bytes;
+    const uint8_t *d, *m;
+    int64_t nb, panel_bytes, scale_bytes;
     const xblock *xq;
     int64_t M, n;
     float *y;
@@ -463,29 +538,31 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
         const int64_t nvalid = j->n - p * NR < NR ? j->n - p * NR : NR;
         for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
             const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
-            panel_any(j->bits, mr, j->qs + p * j->panel_bytes, j->d + p * j->nb * NR,
-                      j->m == NULL ? NULL : j->m + p * j->nb * NR, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR,
-                      j->n, nvalid);
+            panel_any(j->fmt, mr, j->qs + p * j->panel_bytes, j->d + p * j->scale_bytes,
+                      j->m == NULL ? NULL : j->m + p * j->scale_bytes, j->nb, j->xq + i0 * j->nb,
+                      j->y + i0 * j->n + p * NR, j->n, nvalid);
         }
     }
 }
 
-/* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
- * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, bits is not 4 or 8, or the
- * activation limbs cannot be allocated. */
 int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
 
+/* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
+ * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, w's format is not one of
+ * block_format.h's, or the activation limbs cannot be allocated. AMX tiles take the fp16 formats. */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
-    const int bits = (int)w->bits;
-    if (k % QK != 0 || (bits != 4 && bits != 8)) return -1;
-    if (M >= AMX_MIN_ROWS && amx_ready()) return amx_block_gemm(w, x, M, k, n, y, nthreads);
+    const int fmt = rg_block_format(w);
+    if (k % QK != 0 || fmt == FMT_BAD || (FMT_HAS_MIN(fmt) && w->minv == NULL)) return -1;
+    if (M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_I8H) && amx_ready())
+        return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
+    const int64_t panel_bytes = nb * FMT_BLOCK_BYTES(fmt);
+    const int64_t scale_bytes = nb * NR * FMT_HALVES(fmt) * (FMT_F32(fmt) ? 4 : 2);  /* a panel's scales */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, xq, nthreads);
-    gemm_job job = {bits, (const uint8_t *)w->qs, (const uint16_t *)w->scale, (const uint16_t *)w->minv, nb,
-                    panel_bytes, xq, M, n, y};
+    gemm_job job = {fmt, (const uint8_t *)w->qs, (const uint8_t *)w->scale,
+                    FMT_HAS_MIN(fmt) ? (const uint8_t *)w->minv : NULL, nb, panel_bytes, scale_bytes, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
     return 0;
 }

@@ -14,12 +14,14 @@
 #define RADIXGEN_KERNELS_H
 #include <stdint.h>
 
-/* A [n, k] weight in GGUF's 32-weight blocks, repacked in panels of 16 rows (block_gemm.c). */
+/* A [n, k] weight in 32-weight blocks (GGUF's, or a GGUF type converted to one exactly), repacked in
+ * panels of 16 rows (block_gemm.c). W = scale * q + min per block (per half block with RG_HALF_BLOCKS). */
 typedef struct {
-    int64_t bits;          /* 4 (Q4_0 / Q4_1) or 8 (Q8_0) */
-    const void *qs;        /* packed integers */
-    const uint16_t *scale; /* [panels, k / 32, 16] fp16 */
-    const uint16_t *minv;  /* [panels, k / 32, 16] fp16; NULL for 8-bit */
+    int64_t bits;       /* 4: q 0..15 (Q4_0, Q4_1, Q4_K); 8: one byte a q (Q8_0, Q5_0 signed; the rest unsigned) */
+    int64_t flags;      /* RG_SCALES_F32 | RG_UNSIGNED8 | RG_HALF_BLOCKS (block_gemm.c) */
+    const void *qs;     /* packed integers */
+    const void *scale;  /* [panels, k / 32, halves, 16] fp16, or float32 with RG_SCALES_F32 */
+    const void *minv;   /* like scale; NULL for signed 8-bit q (no min) */
 } rg_block_weight;
 
 /* One decoder layer of the one-call decode step (decode_layers.c). */
@@ -73,6 +75,11 @@ int64_t rg_sizeof_decode_step(void);
 /* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c; from block_gemm_amx_rows() rows on, on AMX
  * tiles: amx_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads);
+
+/* out [n_rows, k] = rows `rows` of W as float32 (out_dtype 0) or bfloat16 (1), each value scale * q + min
+ * as the reference dequantization computes it (block_dequant.c). 0, or -1 (bad format or k). */
+int block_dequant_rows(const rg_block_weight *w, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
+                       int out_dtype, int nthreads);
 
 /* The row count from which block_gemm runs on AMX tiles; 0 when it never does (no AMX, or refused). */
 int64_t block_gemm_amx_rows(void);
