@@ -24,7 +24,6 @@ from radixgen.runtime.kernels.block_gemm import (
     pack_panels,
     use_blocks,
 )
-
 from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, BLOCK_WEIGHTS
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the block kernel")
