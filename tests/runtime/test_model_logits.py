@@ -40,9 +40,9 @@ class Seq:
         return self.runner.forward(fb)
 
 
-def check_model(path, prompt_ids: list[int], attention_backend: str = "torch") -> None:
+def check_model(path, prompt_ids: list[int], attention_backend: str = "torch", **config_fields) -> None:
     config = EngineConfig(model=str(path), max_total_tokens=4096, max_running_requests=4,
-                          attention_backend=attention_backend)
+                          attention_backend=attention_backend, **config_fields)
     runner = ModelRunner(config)
     ref = hf_model(path)
     ids = torch.tensor([prompt_ids])
