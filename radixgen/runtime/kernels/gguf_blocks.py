@@ -1,0 +1,170 @@
+"""GGUF quantized tensors as the block kernel's weights, value for value.
+
+Each GGUF type is read from its raw bytes (numpy, vectorized) into a `BlockWeight`: small integers q
+and a float32 scale and min per 32 weights (per 16 for the K-quants with 16-weight sub-blocks), so
+that scale * q + min, computed in float32, is exactly what `gguf.quants.dequantize` gives (the layouts
+follow ggml's block definitions, which gguf-py's dequantizers spell out):
+
+    type   bytes/256 weights   q                     scale, min (per block or half block)
+    Q4_0   144                 nibble 0..15          d, -8 d
+    Q4_1   160                 nibble 0..15          d, m
+    Q5_0   176                 5 bits - 16 (int8)    d, none
+    Q5_1   192                 5 bits 0..31          d, m
+    Q8_0   272                 int8                  d, none
+    Q2_K   84                  2 bits 0..3           d sc, -dmin m      (per 16)
+    Q3_K   110                 3 bits + 4: 0..7      d (sc - 32), -4 d (sc - 32)   (per 16)
+    Q4_K   144                 nibble 0..15          d sc, -dmin m
+    Q5_K   176                 5 bits 0..31          d sc, -dmin m
+    Q6_K   210                 6 bits 0..63          d sc, -32 d sc     (per 16)
+
+Every product and sum above is exact in float32 or rounds once exactly as gguf's own expression does
+(d is fp16, sc at most 8 bits, q at most 6: at most 24 significant bits). The kernel reads Q4_0, Q4_1
+and Q8_0 in GGUF's own bytes and scales; the others cost it more bytes than the file (the 2- to 6-bit
+integers take a byte each, the scales float32), see docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from radixgen.runtime.kernels.block_gemm import BLOCK, BlockWeight
+
+QK_K = 256
+# bytes per block (32 weights, or 256 for the K-quants) in the file
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
+               "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_WEIGHTS = {name: QK_K if name.endswith("_K") else BLOCK for name in BLOCK_BYTES}
+DENSE_TYPES = {"F32", "F16", "BF16"}
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 from the last axis' 2 bytes, as float32 [...]."""
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles32(b: np.ndarray) -> np.ndarray:
+    """GGUF's 16 bytes of a 32-weight block -> q [..., 32] (low nibbles weights 0..15, high 16..31)."""
+    return np.concatenate([b & 15, b >> 4], axis=-1)
+
+
+def _pack4(q: np.ndarray, n: int) -> torch.Tensor:
+    """q [n, k] in 0..15 -> the 4-bit BlockWeight bytes [n, k/2] (byte j of a block: q_j | q_{j+16} << 4)."""
+    q = q.reshape(n, -1, 2, 16).astype(np.uint8)
+    return torch.from_numpy((q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1))
+
+
+def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
+    """Bit j of a little-endian bit field [..., bytes] as uint8 [..., count]."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")[..., :count]
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins [..., 12] -> sc, m [..., 8] (uint8)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _f32(a: np.ndarray, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(n, -1))
+
+
+def block_weight(data: np.ndarray, qtype: str) -> BlockWeight:
+    """A GGUF tensor's raw bytes (uint8 [n, bytes per row]) of any type in BLOCK_BYTES as a BlockWeight."""
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"no block kernel for GGUF type {qtype} (have {', '.join(BLOCK_BYTES)})")
+    n = data.shape[0]
+    b = np.ascontiguousarray(data).reshape(n, -1, BLOCK_BYTES[qtype])  # [n, blocks, bytes]
+    if qtype in ("Q4_0", "Q4_1", "Q8_0"):
+        return _legacy(b, qtype, n)
+    if qtype in ("Q5_0", "Q5_1"):
+        return _q5(b, qtype, n)
+    return _K_READERS[qtype](b, n)
+
+
+def _legacy(b: np.ndarray, qtype: str, n: int) -> BlockWeight:
+    d = _f16(b[..., 0:2])  # [n, nb]
+    if qtype == "Q8_0":
+        return BlockWeight(8, torch.from_numpy(b[..., 2:].copy().view(np.int8).reshape(n, -1)), _f32(d, n), None)
+    qs = torch.from_numpy(b[..., 4 if qtype == "Q4_1" else 2:].copy().reshape(n, -1))
+    if qtype == "Q4_1":
+        return BlockWeight(4, qs, _f32(d, n), _f32(_f16(b[..., 2:4]), n))
+    return BlockWeight(4, qs, _f32(d, n), _f32(-8.0 * d, n))  # Q4_0: d (q - 8) = d q - 8 d, both exact
+
+
+def _q5(b: np.ndarray, qtype: str, n: int) -> BlockWeight:
+    d = _f16(b[..., 0:2])
+    at = 4 if qtype == "Q5_1" else 2
+    q = _nibbles32(b[..., at + 4:]) | (_high_bits(b[..., at:at + 4], 32) << 4)  # [n, nb, 32] in 0..31
+    if qtype == "Q5_0":  # d * (q - 16): signed 8-bit, no min
+        return BlockWeight(8, torch.from_numpy((q.astype(np.int8) - 16).reshape(n, -1)), _f32(d, n), None)
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(d, n), _f32(_f16(b[..., 2:4]), n))
+
+
+def _q2_k(b: np.ndarray, n: int) -> BlockWeight:
+    sc, qs = b[..., 0:16], b[..., 16:80]
+    d, dmin = _f16(b[..., 80:82])[..., None], _f16(b[..., 82:84])[..., None]
+    # qs [2 halves of 128 weights][32 bytes]: weight 128 h + 32 s + j is bits 2s of byte 32 h + j
+    q = (qs.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(d * (sc & 0xF), n),
+                       _f32(-(dmin * (sc >> 4).astype(np.float32)), n))
+
+
+def _q3_k(b: np.ndarray, n: int) -> BlockWeight:
+    hmask, qs, packed, d = b[..., 0:32], b[..., 32:96], b[..., 96:108], _f16(b[..., 108:110])[..., None]
+    low = (packed[..., 0:8, None] >> np.array([0, 4], np.uint8)).swapaxes(-1, -2).reshape(n, -1, 16)
+    high = (packed[..., 8:12, None] >> np.array([0, 2, 4, 6], np.uint8)).swapaxes(-1, -2).reshape(n, -1, 16)
+    sc = ((low & 0x0F) | ((high & 3) << 4)).astype(np.int8) - 32  # [n, nb, 16] in -32..31
+    ql = (qs.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3
+    hm = (hmask.reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1  # [n, nb, 8, 32]
+    # q = ql - 4 (1 - hm) in -4..3; stored + 4: ql + 4 hm in 0..7
+    q = ql.reshape(n, -1, 8, 32) + (hm << 2)
+    dl = d * sc.astype(np.float32)
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(dl, n), _f32(-4.0 * dl, n))
+
+
+def _q4_k(b: np.ndarray, n: int) -> BlockWeight:
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    sc, m = _k_scale_min(b[..., 4:16])
+    # qs [4 pairs of 32-weight sub-blocks][32 bytes]: low nibbles the first, high the second
+    q = (b[..., 16:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
+    return BlockWeight(4, _pack4(q, n), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n))
+
+
+def _q5_k(b: np.ndarray, n: int) -> BlockWeight:
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    sc, m = _k_scale_min(b[..., 4:16])
+    qh, qs = b[..., 16:48], b[..., 48:]
+    ql = (qs.reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
+    hi = (qh.reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
+    q = ql.reshape(n, -1, 8, 32) | (hi << 4)
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n))
+
+
+def _q6_k(b: np.ndarray, n: int) -> BlockWeight:
+    ql, qh = b[..., 0:128], b[..., 128:192]
+    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)  # [n, nb, 16]
+    d = _f16(b[..., 208:210])[..., None]
+    low = (ql.reshape(n, -1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
+    high = (qh.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3
+    q = low.reshape(n, -1, 8, 32) | (high.reshape(n, -1, 8, 32) << 4)  # 0..63, the value q - 32
+    dl = d * sc
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(dl, n), _f32(-32.0 * dl, n))
+
+
+_K_READERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+
+
+def dense_from_gguf(data: np.ndarray, qtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """An F32 / F16 / BF16 GGUF tensor's data (any numpy view of its bytes) as a torch tensor of its own
+    dtype and `shape` (a view of `data`: no copy)."""
+    if qtype not in DENSE_TYPES:
+        raise ValueError(f"{qtype} is not a dense GGUF type")
+    arr = np.ascontiguousarray(data)
+    if qtype == "BF16":
+        t = torch.from_numpy(arr.view(np.uint8).reshape(-1).view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
+    return t.reshape(shape)
