@@ -36,7 +36,8 @@ def _matrix(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> tuple
     nb = cols // BLOCK_WEIGHTS[qtype]
     raw = rng.integers(0, 256, (rows, nb, BLOCK_BYTES[qtype]), dtype=np.uint8)
     for at in F16_FIELDS[qtype]:
-        raw[..., at : at + 2] = rng.uniform(-SCALE[qtype], SCALE[qtype], (rows, nb, 1)).astype(np.float16).view(np.uint8)
+        scale = rng.uniform(-SCALE[qtype], SCALE[qtype], (rows, nb, 1)).astype(np.float16)
+        raw[..., at : at + 2] = scale.view(np.uint8)
     return raw.reshape(rows, -1), gguf.GGMLQuantizationType[qtype]
 
 
