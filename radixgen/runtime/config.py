@@ -22,8 +22,12 @@ class EngineConfig:
     fewer bytes read by long-context and wide-batch decoding: float16 / bfloat16 (half of float32;
     SmolLM2's logits move by up to ~0.02 / ~0.2 against float32) or int8 with a scale per token and
     head (a bit over a quarter; logits move by up to ~0.7). Greedy outputs can change."""
-    max_total_tokens: int = 65536
-    """Capacity of the KV pool in tokens."""
+    max_total_tokens: int | None = None
+    """Capacity of the KV pool in tokens; default: sized by mem_fraction_static."""
+    mem_fraction_static: float = 0.6
+    """Share of the memory available at start-up (CPU: MemAvailable; GPU: free device memory) that the
+    weights and the KV pool together may take, as SGLang's flag: the pool gets it less the weights
+    (at most every request slot at full context). Ignored when max_total_tokens is set."""
     max_running_requests: int = 256
     """Most requests decoding at once (size of the request-slot pool)."""
     context_length: int | None = None
@@ -112,7 +116,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         checks = [
-            ("max_total_tokens", self.max_total_tokens >= 16, ">= 16"),
+            ("max_total_tokens", self.max_total_tokens is None or self.max_total_tokens >= 16, ">= 16"),
+            ("mem_fraction_static", 0 < self.mem_fraction_static <= 1, "in (0, 1]"),
             ("max_running_requests", self.max_running_requests >= 1, ">= 1"),
             ("page_size", self.page_size >= 1, ">= 1"),
             ("chunked_prefill_size", self.chunked_prefill_size >= 1, ">= 1"),

@@ -60,6 +60,7 @@ class Engine:
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model)
         self.runner = on_short_lived_thread(lambda: make_model_runner(self.config))
+        self.config = replace(self.config, max_total_tokens=self.runner.memory.kv_tokens)  # as the pool was sized
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)

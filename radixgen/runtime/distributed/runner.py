@@ -10,6 +10,7 @@ then ends every request with that message and refuses new ones.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -17,12 +18,31 @@ from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.distributed.group import TPGroup
 from radixgen.runtime.distributed.launch import RankLayout, RankProcesses, free_port, rank_config
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per_token, plan_kv
+from radixgen.runtime.executor.model_runner import DTYPES, KV_DTYPES, ModelRunner
 from radixgen.runtime.layers.parallel import TensorParallel
-from radixgen.runtime.models.loader import open_checkpoint
-from radixgen.runtime.models.sharding import check_tp_size
+from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.loader import Checkpoint, open_checkpoint
+from radixgen.runtime.models.sharding import ShardPlan, check_tp_size
 
 logger = logging.getLogger(__name__)
+
+
+def shared_kv_tokens(config: EngineConfig, model_config: ModelConfig, checkpoint: Checkpoint, per_node: int) -> int:
+    """The KV pool size every rank allocates (they must agree): `config.max_total_tokens`, else sized by
+    mem_fraction_static for one rank's shard of the weights and KV heads, this node's memory split over
+    its `per_node` ranks (estimated here, before any rank loads)."""
+    if config.max_total_tokens is not None:
+        return config.max_total_tokens
+    device = torch.device(rank_config(config, 0).device)
+    dtype = DTYPES[config.dtype]
+    kv_dtype = dtype if config.kv_cache_dtype == "auto" else KV_DTYPES[config.kv_cache_dtype]
+    kv_heads = ShardPlan(model_config, 0, config.tp_size).kv_heads
+    context = min(config.context_length or model_config.max_position_embeddings, model_config.max_position_embeddings)
+    available = available_memory(device) // (1 if device.type == "cuda" else per_node)
+    return plan_kv(available, checkpoint.resident_bytes(False, dtype) // config.tp_size,
+                   kv_bytes_per_token(model_config.num_layers, kv_heads, model_config.head_dim, kv_dtype),
+                   config.mem_fraction_static, None, config.max_running_requests * context, "a rank's shard").kv_tokens
 
 
 class TensorParallelError(RuntimeError):
@@ -34,8 +54,9 @@ class TPModelRunner(ModelRunner):
 
     def __init__(self, config: EngineConfig) -> None:
         layout = RankLayout.of(config)
-        model_config, _ = open_checkpoint(config.model)
+        model_config, checkpoint = open_checkpoint(config.model)
         check_tp_size(model_config, config.tp_size)
+        config = replace(config, max_total_tokens=shared_kv_tokens(config, model_config, checkpoint, layout.per_node))
         self.addr = config.dist_init_addr or f"127.0.0.1:{free_port()}"
         self.failed: str | None = None
         self.ranks = RankProcesses(config, self.addr, layout.ranks[1:])

@@ -15,6 +15,7 @@ from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per_token, plan_kv
 from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
@@ -64,7 +65,13 @@ class ModelRunner:
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
         blocks = tp is None and not config.disable_block_kernels and can_use_blocks(self.device, self.dtype)
+        ranks = tp.size if tp is not None else 1
         model = LlamaModel(model_config, self.context_length, tp)
+        self.memory = plan_kv(
+            available_memory(self.device), checkpoint.resident_bytes(blocks, self.dtype) // ranks,
+            kv_bytes_per_token(model_config.num_layers, model.plan.kv_heads, model_config.head_dim, self.kv_dtype),
+            config.mem_fraction_static, config.max_total_tokens, config.max_running_requests * self.context_length,
+            path.name)
         model.load_weights(checkpoint, blocks=blocks)
         del checkpoint
         logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
@@ -81,7 +88,7 @@ class ModelRunner:
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
-            config.max_total_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.kv_dtype, self.device
+            self.memory.kv_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.kv_dtype, self.device
         )
         self.model.bind_kv_pool(self.token_to_kv_pool)
         self.decode_graphs: DecodeGraphRunner | None = None

@@ -36,6 +36,9 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
                "Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 BLOCK_WEIGHTS = {name: QK_K if name.endswith("_K") else BLOCK for name in BLOCK_BYTES}
 DENSE_TYPES = {"F32", "F16", "BF16"}
+# bytes per 32 weights each type takes in the kernel's panels (q, then fp16 or float32 scales and mins)
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q5_0": 34, "Q8_0": 34, "Q5_1": 40, "Q5_K": 40, "Q4_K": 24,
+                "Q2_K": 48, "Q3_K": 48, "Q6_K": 48}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from radixgen.runtime.kernels.block_gemm import BlockWeight
-from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, block_weight, dense_from_gguf
+from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, KERNEL_BYTES, block_weight, dense_from_gguf
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.resolve import resolve_model_path
 
@@ -51,6 +51,10 @@ class Checkpoint(Protocol):
     def stored(self, name: str) -> torch.Tensor | None:
         """Matrix `name` in the 16-bit float type the file holds it in (None: another type)."""
 
+    def resident_bytes(self, blocks: bool, dtype: torch.dtype) -> int:
+        """About how many bytes the loaded weights take: quantized matrices in the block kernel's formats
+        where `blocks`, 16-bit ones as they are, the rest in `dtype` (float32 beside blocks)."""
+
 
 class SafetensorsCheckpoint:
     """Tensors in safetensors files, memory-mapped: `get` reads only the slice asked for."""
@@ -77,6 +81,10 @@ class SafetensorsCheckpoint:
 
     def stored(self, name: str) -> torch.Tensor | None:
         return None
+
+    def resident_bytes(self, blocks: bool, dtype: torch.dtype) -> int:
+        sizes = (np.prod(handle.get_slice(name).get_shape()) for name, handle in self._where.items())
+        return int(sum(sizes)) * dtype.itemsize
 
 
 def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Checkpoint]:
@@ -170,6 +178,18 @@ class GGUFCheckpoint:
             if qtype not in BLOCK_BYTES and qtype not in DENSE_TYPES:
                 raise ValueError(f"unsupported GGUF type {qtype} in tensor {t.name!r} of {path.name} (supported: "
                                  f"{', '.join([*BLOCK_BYTES, *sorted(DENSE_TYPES)])})")
+
+    def resident_bytes(self, blocks: bool, dtype: torch.dtype) -> int:
+        total = 0
+        for t in self._tensors.values():
+            n, qtype, matrix = int(t.n_elements), t.tensor_type.name, len(t.shape) == 2
+            if blocks and matrix and qtype in KERNEL_BYTES:
+                total += n // 32 * KERNEL_BYTES[qtype]
+            elif blocks and matrix and qtype in ("F16", "BF16"):
+                total += 2 * n
+            else:
+                total += n * (4 if blocks else dtype.itemsize)
+        return total
 
     def _tensor(self, name: str):
         t = self._tensors.get(name)
