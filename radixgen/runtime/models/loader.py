@@ -23,6 +23,7 @@ import torch
 from radixgen.runtime.kernels.block_gemm import BlockWeight
 from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, KERNEL_BYTES, block_weight, dense_from_gguf
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.gguf_file import GGUFHeader, TensorInfo, read_header
 from radixgen.runtime.models.resolve import resolve_model_path
 
 GGUF_LAYER_NAMES = {
@@ -101,24 +102,19 @@ def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Check
     return config, GGUFCheckpoint(path, reader, config)
 
 
-def gguf_reader(path: Path):
-    """A parsed `gguf.GGUFReader` of `path`, shared within the process while the file is unchanged.
-    Parsing SmolLM2's metadata (its 49k-token vocabulary) takes ~3 s; the dense and the block weights
-    and every later engine of the process reuse one parse."""
+def gguf_reader(path: Path) -> GGUFHeader:
+    """`path`'s GGUF header, parsed once per process while the file is unchanged."""
     stat = path.stat()
     return _parse_gguf(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-@functools.lru_cache(maxsize=2)
-def _parse_gguf(path: str, size: int, mtime_ns: int):  # size and mtime key the cache
-    import gguf
-
-    return gguf.GGUFReader(path)
+@functools.lru_cache(maxsize=4)
+def _parse_gguf(path: str, size: int, mtime_ns: int) -> GGUFHeader:  # size and mtime key the cache
+    return read_header(Path(path))
 
 
-def _gguf_field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def _gguf_field(reader: GGUFHeader, key: str, default=None):
+    return reader.get(key, default)
 
 
 def gguf_config(reader) -> ModelConfig:
@@ -130,7 +126,7 @@ def gguf_config(reader) -> ModelConfig:
     hidden = int(_gguf_field(reader, p + "embedding_length"))
     names = {t.name for t in reader.tensors}
     eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    n_vocab = _gguf_field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = _gguf_field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
     return ModelConfig(
         arch="llama",
         vocab_size=int(n_vocab),
@@ -169,12 +165,12 @@ class GGUFCheckpoint:
     """A GGUF file's tensors under HF names, each read from the file when asked for (os.pread: the
     bytes are the caller's until it drops them; the file's pages are not mapped into the process)."""
 
-    def __init__(self, path: Path, reader, config: ModelConfig) -> None:
+    def __init__(self, path: Path, reader: GGUFHeader, config: ModelConfig) -> None:
         self.path = path
         self._tensors = {_hf_name(t.name): t for t in reader.tensors}
         self._heads = {"self_attn.q_proj.weight": config.num_heads, "self_attn.k_proj.weight": config.num_kv_heads}
         for t in reader.tensors:
-            qtype = t.tensor_type.name
+            qtype = t.qtype
             if qtype not in BLOCK_BYTES and qtype not in DENSE_TYPES:
                 raise ValueError(f"unsupported GGUF type {qtype} in tensor {t.name!r} of {path.name} (supported: "
                                  f"{', '.join([*BLOCK_BYTES, *sorted(DENSE_TYPES)])})")
@@ -182,7 +178,7 @@ class GGUFCheckpoint:
     def resident_bytes(self, blocks: bool, dtype: torch.dtype) -> int:
         total = 0
         for t in self._tensors.values():
-            n, qtype, matrix = int(t.n_elements), t.tensor_type.name, len(t.shape) == 2
+            n, qtype, matrix = t.n_elements, t.qtype, len(t.shape) == 2
             if blocks and matrix and qtype in KERNEL_BYTES:
                 total += n // 32 * KERNEL_BYTES[qtype]
             elif blocks and matrix and qtype in ("F16", "BF16"):
@@ -191,7 +187,7 @@ class GGUFCheckpoint:
                 total += n * (4 if blocks else dtype.itemsize)
         return total
 
-    def _tensor(self, name: str):
+    def _tensor(self, name: str) -> TensorInfo:
         t = self._tensors.get(name)
         if t is None:
             raise KeyError(f"weight {name!r} missing from {self.path.name}")
@@ -200,14 +196,13 @@ class GGUFCheckpoint:
     def _raw(self, name: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
         """The tensor's bytes as uint8 [rows, bytes per row], its GGUF type and its shape (outermost first)."""
         t = self._tensor(name)
-        shape = tuple(int(d) for d in reversed(t.shape))
-        data = np.empty(int(t.n_bytes), dtype=np.uint8)
+        data = np.empty(t.n_bytes, dtype=np.uint8)
         with open(self.path, "rb") as f:
-            f.seek(int(t.data_offset))
+            f.seek(t.offset)
             if f.readinto(memoryview(data)) != data.size:
                 raise ValueError(f"{self.path.name} ends inside tensor {t.name!r}: the file is truncated")
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        return data.reshape(rows, -1), t.tensor_type.name, shape
+        rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
+        return data.reshape(rows, -1), t.qtype, t.shape
 
     def _rope_rows(self, name: str, n: int) -> torch.Tensor | None:
         """The un-permuting row order for a q/k weight of n rows (None for any other tensor)."""
@@ -216,7 +211,7 @@ class GGUFCheckpoint:
 
     def quantized(self, name: str) -> BlockWeight | None:
         t = self._tensor(name)
-        if t.tensor_type.name not in BLOCK_BYTES or len(t.shape) != 2:
+        if t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
             return None
         raw, qtype, shape = self._raw(name)
         w = block_weight(raw, qtype)
@@ -225,7 +220,7 @@ class GGUFCheckpoint:
 
     def stored(self, name: str) -> torch.Tensor | None:
         t = self._tensor(name)
-        if t.tensor_type.name not in ("F16", "BF16") or len(t.shape) != 2:
+        if t.qtype not in ("F16", "BF16") or len(t.shape) != 2:
             return None
         raw, qtype, shape = self._raw(name)
         w = dense_from_gguf(raw.reshape(-1).view(np.float16 if qtype == "F16" else np.uint16), qtype, shape)
