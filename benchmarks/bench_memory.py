@@ -70,7 +70,8 @@ def run(model: str, kv_tokens: int) -> dict:
     return {"model": Path(model).name, "file_gb": round(file / 1e9, 3), "kv_gb": round(r["kv_pool_bytes"] / 1e9, 3),
             "rss_gb": round(r["rss_after_load"] / 1e9, 3), "peak_gb": round(r["peak_rss_load"] / 1e9, 3),
             "imports_gb": round(r["rss_after_imports"] / 1e9, 3), "bound_gb": round(bound / 1e9, 3),
-            "rss_over_bound": round(r["rss_after_load"] / bound, 3), "peak_over_bound": round(r["peak_rss_load"] / bound, 3),
+            "rss_over_bound": round(r["rss_after_load"] / bound, 3),
+            "peak_over_bound": round(r["peak_rss_load"] / bound, 3),
             "rss_over_file": round((r["rss_after_load"] - r["rss_after_imports"] - r["kv_pool_bytes"]) / file, 3),
             "load_s": round(r["load_s"], 1), "first_tokens_s": round(r["first_tokens_s"], 1),
             "decoded_tokens": r["tokens"], "cache_written_bytes": r["cache_written_bytes"]}
