@@ -13,6 +13,7 @@ import torch
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
     SCALES_F32,
+    SUPER_BLOCKS,
     WIDE_ROWS,
     block_dequant_rows,
     block_linear,
@@ -115,11 +116,17 @@ def test_mixed_formats_stack_in_the_widest():
     assert concat_rows([ws["Q8_0"], ws["Q6_K"]]) is None
 
 
-def test_panels_hold_scales_in_fp16_only_where_exact():
-    """GGUF's own fp16 scales stay fp16 in the panels (the kernel's bytes: the file's); K-quants' products
+def test_panels_hold_the_files_scales_where_they_can():
+    """GGUF's own fp16 scales stay fp16 in the panels, Q4_K's and Q6_K's integer scales and fp16 factors
+    stay as the file has them (their panels take about the file's bytes); the other K-quants' products
     d * sc take float32."""
-    flags = {t: pack_panels(from_gguf(random_gguf(t, 16, width(t, 1), 0), t)).flags for t in ALL_TYPES}
-    assert {t for t, f in flags.items() if f & SCALES_F32 == 0} == {"Q4_0", "Q4_1", "Q5_0", "Q8_0"}
+    raws = {t: random_gguf(t, 32, width(t, 2), 0) for t in ALL_TYPES}
+    panels = {t: pack_panels(from_gguf(r, t)) for t, r in raws.items()}
+    fp16_or_own = {t for t, p in panels.items() if p.flags & SCALES_F32 == 0}
+    assert fp16_or_own == {"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}
+    assert {t for t, p in panels.items() if p.flags & SUPER_BLOCKS} == {"Q4_K", "Q6_K"}
+    assert panels["Q6_K"].nbytes == raws["Q6_K"].nbytes  # 6-bit q, int8 scales, fp16 d: the file's bytes
+    assert panels["Q4_K"].nbytes / raws["Q4_K"].nbytes == 18.5 / 18  # 6-bit scales and mins widened to a byte
 
 
 def test_rows_and_concat_keep_gguf_values():

@@ -37,7 +37,24 @@ logger = logging.getLogger(__name__)
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
-SCALES_F32, UNSIGNED8, HALF_BLOCKS = 1, 2, 4  # rg_block_weight's flags (csrc/block_format.h)
+SCALES_F32, UNSIGNED8, HALF_BLOCKS, SUPER_BLOCKS = 1, 2, 4, 8  # rg_block_weight's flags (csrc/block_format.h)
+SUPER = 8  # blocks of a K-quant super-block (256 weights)
+
+
+@dataclass
+class KFactors:
+    """A K-quant's scales as the file holds them: per block (per half block for Q6_K) small integers sc
+    (and m), per 8 blocks fp16 factors d (and dmin): scale = d * sc, min = -(dmin * m), or -32 scale
+    for Q6_K (no dmin). The kernel reads these instead of float32 scales (the file's bytes)."""
+
+    d: torch.Tensor  # [n, k/256] float32 (fp16 values)
+    sc: torch.Tensor  # [n, k/32 * halves] int16 (Q4_K 0..63, Q6_K -128..127)
+    dmin: torch.Tensor | None = None  # [n, k/256]
+    m: torch.Tensor | None = None  # [n, k/32] 0..63
+
+    def select(self, fn) -> KFactors:
+        """The factors with `fn` applied to each tensor (row selections, concatenations)."""
+        return KFactors(*(None if t is None else fn(t) for t in (self.d, self.sc, self.dmin, self.m)))
 
 
 @dataclass
@@ -53,6 +70,7 @@ class BlockWeight:
     qs: torch.Tensor
     scale: torch.Tensor
     minv: torch.Tensor | None
+    factors: KFactors | None = None  # Q4_K / Q6_K's own scale bytes (scale and minv follow from them)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -71,7 +89,8 @@ class BlockWeight:
     def rows(self, index: torch.Tensor) -> BlockWeight:
         """The weight with its rows reordered/selected by `index` ([n'] int64)."""
         pick = lambda t: None if t is None else t.index_select(0, index).contiguous()
-        return BlockWeight(self.bits, pick(self.qs), pick(self.scale), pick(self.minv))
+        factors = None if self.factors is None else self.factors.select(pick)
+        return BlockWeight(self.bits, pick(self.qs), pick(self.scale), pick(self.minv), factors)
 
     def q(self) -> torch.Tensor:
         """The integers q as int32 [n, k]."""
@@ -114,20 +133,22 @@ class PanelWeight:
     qs: torch.Tensor
     scale: torch.Tensor
     minv: torch.Tensor | None
+    sup: torch.Tensor | None = None  # K-quants' fp16 factors per 8 blocks [P, k/256, 1 or 2, 16]
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.n, self.scale.shape[1] * BLOCK
+        return self.n, self.qs.shape[1] * BLOCK
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.scale, self.minv) if t is not None)
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.scale, self.minv, self.sup) if t is not None)
 
     @functools.cached_property
     def struct(self) -> ffi.BlockWeightC:
         """The C view (rg_block_weight) of these tensors (built once; they must not be replaced)."""
-        minv = self.minv.data_ptr() if self.minv is not None else None
-        return ffi.BlockWeightC(self.bits, self.flags, self.qs.data_ptr(), self.scale.data_ptr(), minv)
+        ptr = lambda t: None if t is None else t.data_ptr()
+        return ffi.BlockWeightC(self.bits, self.flags, self.qs.data_ptr(), self.scale.data_ptr(), ptr(self.minv),
+                                ptr(self.sup))
 
 
 def _half_if_exact(t: torch.Tensor) -> torch.Tensor | None:
@@ -137,7 +158,8 @@ def _half_if_exact(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def pack_panels(w: BlockWeight) -> PanelWeight:
-    """`w` in the kernel's panel layout (a copy; `w` is unchanged)."""
+    """`w` in the kernel's panel layout (a copy; `w` is unchanged): a K-quant's own scale bytes where it
+    has them (Q4_K, Q6_K), else its scales in fp16 where exact, else float32."""
     n, k = w.shape
     nb, pad, halves = k // BLOCK, -n % PANEL, w.halves
     panels = (n + pad) // PANEL
@@ -150,12 +172,27 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
         raise ValueError("block weight: unsigned 8-bit q must be at most 63 (AVX2's pair sums)")
 
     def panel_major(t: torch.Tensor | None, groups: int, width: int) -> torch.Tensor | None:
-        """[n, nb * groups * width] -> [P, nb, groups, 16, width]."""
+        """[n, nb * groups * width] -> [P, nb, groups, 16, width] (nb: the tensor's own block count)."""
         if t is None:
             return None
-        t = torch.cat([t.reshape(n, nb, groups, width), t.new_zeros(pad, nb, groups, width)])
-        return t.view(panels, PANEL, nb, groups, width).permute(0, 2, 3, 1, 4).contiguous()
+        blocks = t.shape[1] // (groups * width)
+        t = torch.cat([t.reshape(n, blocks, groups, width), t.new_zeros(pad, blocks, groups, width)])
+        return t.view(panels, PANEL, blocks, groups, width).permute(0, 2, 3, 1, 4).contiguous()
 
+    per_block = lambda t, per: None if t is None else panel_major(t, per, 1)[..., 0].contiguous()  # [P, b, per, 16]
+    f = w.factors
+    if f is not None and w.bits == 4 and f.dmin is not None:  # Q4_K: its bytes, 6-bit sc and m widened to one
+        sup = per_block(torch.stack([f.d, f.dmin], dim=2).reshape(n, -1).half(), 2)
+        return PanelWeight(4, SUPER_BLOCKS, n, panel_major(w.qs, 4, 4), per_block(f.sc.to(torch.uint8), 1)[:, :, 0],
+                           per_block(f.m.to(torch.uint8), 1)[:, :, 0].contiguous(), sup)
+    if f is not None and w.bits == 8 and halves == 2 and f.dmin is None:  # Q6_K: a 4-bit and a 2-bit plane
+        q = w.qs.view(n, nb, 32)
+        low = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)  # the 4-bit BlockWeight bytes [n, nb, 16]
+        hi = (q >> 4).view(n, nb, 4, 2, 4)  # [n, nb, i, p, t]: k = 4 (p + 2 i) + t
+        high = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)  # [n, nb, p, t]
+        qs = torch.cat([panel_major(low.reshape(n, -1), 4, 4), panel_major(high.reshape(n, -1), 2, 4)], dim=2)
+        return PanelWeight(6, SUPER_BLOCKS | HALF_BLOCKS, n, qs.contiguous(), per_block(f.sc.to(torch.int8), 2),
+                           None, per_block(f.d.half(), 1)[:, :, 0].contiguous())
     groups = 4 if w.bits == 4 else 8  # 64-byte vectors per block
     qs = panel_major(w.qs, groups, 4)
     scale, minv = w.scale, w.minv
@@ -163,15 +200,15 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
     if halves == 2:
         flags |= HALF_BLOCKS
     if not flags & SCALES_F32:
-        half = [_half_if_exact(t) for t in (scale, minv) if t is not None]
-        if all(h is not None for h in half):
-            scale, minv = half[0], half[1] if minv is not None else None
+        half_scale = _half_if_exact(scale)
+        half_min = None if minv is None else _half_if_exact(minv)
+        if half_scale is not None and (minv is None or half_min is not None):
+            scale, minv = half_scale, half_min
         elif signed:
             raise ValueError("block weight: signed 8-bit q need float16 scales")
         else:
             flags |= SCALES_F32
-    pm = lambda t: None if t is None else panel_major(t, halves, 1)[..., 0].contiguous()  # [P, nb, halves, 16]
-    return PanelWeight(w.bits, flags, n, qs, pm(scale), pm(minv))
+    return PanelWeight(w.bits, flags, n, qs, per_block(scale, halves), per_block(minv, halves))
 
 
 def widened(w: BlockWeight) -> BlockWeight | None:
@@ -194,8 +231,12 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
             return None
         parts = wide
     cat = lambda ts: None if ts[0] is None else torch.cat(ts)
+    factors = None
+    if all(p.factors is not None for p in parts) and len({p.factors.dmin is None for p in parts}) == 1:
+        fs = [p.factors for p in parts]
+        factors = KFactors(*(cat([getattr(f, a) for f in fs]) for a in ("d", "sc", "dmin", "m")))
     return BlockWeight(parts[0].bits, cat([p.qs for p in parts]), cat([p.scale for p in parts]),
-                       cat([p.minv for p in parts]))
+                       cat([p.minv for p in parts]), factors)
 
 
 def block_dequant_rows(w: PanelWeight, rows: torch.Tensor, dtype: torch.dtype = torch.float32,

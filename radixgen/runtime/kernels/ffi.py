@@ -25,7 +25,7 @@ _RETURNS = {"void": None, **_SCALARS}
 
 class BlockWeightC(ctypes.Structure):
     _fields_ = [("bits", ctypes.c_int64), ("flags", ctypes.c_int64), ("qs", ctypes.c_void_p),
-                ("scale", ctypes.c_void_p), ("minv", ctypes.c_void_p)]
+                ("scale", ctypes.c_void_p), ("minv", ctypes.c_void_p), ("sup", ctypes.c_void_p)]
 
 
 class LayerC(ctypes.Structure):

@@ -18,9 +18,10 @@ follow ggml's block definitions, which gguf-py's dequantizers spell out):
     Q6_K   210                 6 bits 0..63          d sc, -32 d sc     (per 16)
 
 Every product and sum above is exact in float32 or rounds once exactly as gguf's own expression does
-(d is fp16, sc at most 8 bits, q at most 6: at most 24 significant bits). The kernel reads Q4_0, Q4_1
-and Q8_0 in GGUF's own bytes and scales; the others cost it more bytes than the file (the 2- to 6-bit
-integers take a byte each, the scales float32), see docs/architecture.md.
+(d is fp16, sc at most 8 bits, q at most 6: at most 24 significant bits). The kernel reads Q4_0, Q4_1,
+Q8_0, Q4_K and Q6_K in about the file's bytes (the K-quants' factors kept as `KFactors`, their 6-bit
+scales widened to a byte); the others cost it more (their 2-, 3- or 5-bit integers take a byte each,
+their scales float32): see KERNEL_BYTES and docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from radixgen.runtime.kernels.block_gemm import BLOCK, BlockWeight
+from radixgen.runtime.kernels.block_gemm import BLOCK, BlockWeight, KFactors
 
 QK_K = 256
 # bytes per block (32 weights, or 256 for the K-quants) in the file
@@ -37,8 +38,8 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
 BLOCK_WEIGHTS = {name: QK_K if name.endswith("_K") else BLOCK for name in BLOCK_BYTES}
 DENSE_TYPES = {"F32", "F16", "BF16"}
 # bytes per 32 weights each type takes in the kernel's panels (q, then fp16 or float32 scales and mins)
-KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q5_0": 34, "Q8_0": 34, "Q5_1": 40, "Q5_K": 40, "Q4_K": 24,
-                "Q2_K": 48, "Q3_K": 48, "Q6_K": 48}
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q5_0": 34, "Q8_0": 34, "Q5_1": 40, "Q5_K": 40, "Q4_K": 18.5,
+                "Q2_K": 48, "Q3_K": 48, "Q6_K": 26.25}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -72,6 +73,10 @@ def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _f32(a: np.ndarray, n: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32).reshape(n, -1))
+
+
+def _i16(a: np.ndarray, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int16).reshape(n, -1))
 
 
 def block_weight(data: np.ndarray, qtype: str) -> BlockWeight:
@@ -133,7 +138,8 @@ def _q4_k(b: np.ndarray, n: int) -> BlockWeight:
     sc, m = _k_scale_min(b[..., 4:16])
     # qs [4 pairs of 32-weight sub-blocks][32 bytes]: low nibbles the first, high the second
     q = (b[..., 16:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
-    return BlockWeight(4, _pack4(q, n), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n))
+    factors = KFactors(_f32(d, n), _i16(sc, n), _f32(dmin, n), _i16(m, n))
+    return BlockWeight(4, _pack4(q, n), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n), factors)
 
 
 def _q5_k(b: np.ndarray, n: int) -> BlockWeight:
@@ -154,7 +160,8 @@ def _q6_k(b: np.ndarray, n: int) -> BlockWeight:
     high = (qh.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3
     q = low.reshape(n, -1, 8, 32) | (high.reshape(n, -1, 8, 32) << 4)  # 0..63, the value q - 32
     dl = d * sc
-    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(dl, n), _f32(-32.0 * dl, n))
+    factors = KFactors(_f32(d, n), _i16(sc, n))
+    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(dl, n), _f32(-32.0 * dl, n), factors)
 
 
 _K_READERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}

@@ -180,7 +180,7 @@ class GGUFCheckpoint:
         for t in self._tensors.values():
             n, qtype, matrix = t.n_elements, t.qtype, len(t.shape) == 2
             if blocks and matrix and qtype in KERNEL_BYTES:
-                total += n // 32 * KERNEL_BYTES[qtype]
+                total += int(n // 32 * KERNEL_BYTES[qtype])
             elif blocks and matrix and qtype in ("F16", "BF16"):
                 total += 2 * n
             else:

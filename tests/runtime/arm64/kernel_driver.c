@@ -4,7 +4,7 @@
  * both builds see the same ones.
  *
  *   kernel_driver level                               rg_simd_level() as text
- *   kernel_driver gemm FMT M K N SEED                 y [M, N] of block_gemm (FMT 0..4: block_format.h)
+ *   kernel_driver gemm FMT M K N SEED                 y [M, N] of block_gemm (FMT 0..6: block_format.h)
  *   kernel_driver attention KV B H HKV D LEN SEED     out [B, H, D] of decode_attention, request b's
  *                                                     keys LEN - b at scattered slots (KV: 0 f32,
  *                                                     1 bf16, 2 f16, 3 int8 rows with a float scale)
@@ -39,25 +39,32 @@ static void *alloc(size_t bytes) {
 
 static int emit(const float *y, size_t n) { return fwrite(y, sizeof(float), n, stdout) == n ? 0 : 1; }
 
-/* FMT: block_format.h's FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2 (0 .. 4). */
+/* FMT: block_format.h's FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6 (0 .. 6); K must be a
+ * multiple of 256 for the last two. */
 static int gemm(int fmt, int64_t M, int64_t K, int64_t N) {
-    static const int64_t bits_of[] = {4, 8, 4, 8, 8}, flags_of[] = {0, 0, 1, 3, 7};
-    const int64_t bits = bits_of[fmt], halves = fmt == 4 ? 2 : 1, f32 = fmt >= 2;
-    const int64_t panels = (N + 15) / 16, nb = K / 32, block_bytes = bits == 4 ? 256 : 512;
+    static const int64_t bits_of[] = {4, 8, 4, 8, 8, 4, 6}, flags_of[] = {0, 0, 1, 3, 7, 8, 12};
+    static const int64_t block_bytes_of[] = {256, 512, 256, 512, 512, 256, 384};
+    const int64_t halves = fmt == 4 || fmt == 6 ? 2 : 1, f32 = fmt >= 2 && fmt <= 4, k_quant = fmt >= 5;
+    const int64_t panels = (N + 15) / 16, nb = K / 32, block_bytes = block_bytes_of[fmt];
     const int64_t scales = panels * nb * halves * 16;
     uint8_t *qs = alloc((size_t)(panels * nb * block_bytes));
-    const float qmax = fmt >= 3 ? 64.0f : 256.0f;  /* unsigned 8-bit q are at most 63 */
+    const float qmax = fmt == 3 || fmt == 4 ? 64.0f : 256.0f;  /* unsigned 8-bit q are at most 63 */
     for (int64_t i = 0; i < panels * nb * block_bytes; i++) qs[i] = (uint8_t)(uniform(0.0f, qmax));
     uint16_t *d16 = alloc(sizeof(uint16_t) * (size_t)scales), *m16 = alloc(sizeof(uint16_t) * (size_t)scales);
     float *d32 = alloc(sizeof(float) * (size_t)scales), *m32 = alloc(sizeof(float) * (size_t)scales);
+    uint8_t *sc = alloc((size_t)scales), *mn = alloc((size_t)scales);  /* K-quants' integer scales and mins */
+    uint16_t *sup = alloc(sizeof(uint16_t) * (size_t)(panels * (nb / 8 + 1) * 32));
     for (int64_t i = 0; i < scales; i++) {
         d32[i] = uniform(0.001f, 0.02f), m32[i] = uniform(-0.15f, 0.0f);
         d16[i] = rg_float_to_half(d32[i]), m16[i] = rg_float_to_half(m32[i]);
+        sc[i] = (uint8_t)uniform(fmt == 6 ? 0.0f : 1.0f, fmt == 6 ? 256.0f : 64.0f), mn[i] = (uint8_t)uniform(0.0f, 64.0f);
     }
+    for (int64_t i = 0; i < panels * (nb / 8 + 1) * 32; i++) sup[i] = rg_float_to_half(uniform(0.0001f, 0.001f));
     float *x = alloc(sizeof(float) * (size_t)(M * K)), *y = alloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = uniform(-2.0f, 2.0f);
-    const void *d = f32 ? (const void *)d32 : (const void *)d16, *m = f32 ? (const void *)m32 : (const void *)m16;
-    const rg_block_weight w = {bits, flags_of[fmt], qs, d, fmt == 1 ? NULL : m};
+    const void *d = k_quant ? (const void *)sc : f32 ? (const void *)d32 : (const void *)d16;
+    const void *m = fmt == 1 || fmt == 6 ? NULL : k_quant ? (const void *)mn : f32 ? (const void *)m32 : (const void *)m16;
+    const rg_block_weight w = {bits_of[fmt], flags_of[fmt], qs, d, m, k_quant ? sup : NULL};
     if (block_gemm(&w, x, M, K, N, y, 2) != 0) return 1;
     return emit(y, (size_t)(M * N));
 }

@@ -26,20 +26,17 @@ typedef struct {
 
 /* Row r of the weight into dst [k] float32. */
 static void dequant_row(const dequant_job *j, int64_t r, float *dst) {
-    const int fmt = j->fmt, halves = FMT_HALVES(fmt);
-    const int64_t nb = j->k / QK, p = r / NR, c = r % NR;
-    const uint8_t *qs = (const uint8_t *)j->w->qs + p * nb * FMT_BLOCK_BYTES(fmt);
-    const int64_t s0 = p * nb * halves * NR;  /* the panel's first scale */
+    const int fmt = j->fmt, halves = FMT_HALVES(fmt), span = QK / halves;
+    const int64_t nb = j->k / QK, c = r % NR;
+    const rg_panel v = rg_panel_of(fmt, j->w, nb, r / NR);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *qb = qs + b * FMT_BLOCK_BYTES(fmt);
+        const uint8_t *qb = v.qs + b * FMT_BLOCK_BYTES(fmt);
         for (int h = 0; h < halves; h++) {
-            const int64_t at = s0 + (b * halves + h) * NR + c;
-            const float d = rg_block_scale(fmt, j->w->scale, at);
-            const float m = FMT_HAS_MIN(fmt) ? rg_block_scale(fmt, j->w->minv, at) : 0.0f;
-            const int span = QK / halves;
+            float d, m;
+            rg_block_dm(fmt, &v, b, h, c, &d, &m);
             for (int t = h * span; t < (h + 1) * span; t++) {
-                const float v = (float)rg_block_q(fmt, qb, c, t) * d;
-                dst[b * QK + t] = FMT_HAS_MIN(fmt) ? v + m : v;
+                const float x = (float)rg_block_q(fmt, qb, c, t) * d;
+                dst[b * QK + t] = FMT_HAS_MIN(fmt) ? x + m : x;
             }
         }
     }
@@ -65,7 +62,8 @@ static void dequant_range(void *job, int64_t begin, int64_t end, int tid) {
 int block_dequant_rows(const rg_block_weight *w, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
                        int out_dtype, int nthreads) {
     const int fmt = rg_block_format(w);
-    if (k % QK != 0 || fmt == FMT_BAD || (FMT_HAS_MIN(fmt) && w->minv == NULL) || (out_dtype != 0 && out_dtype != 1))
+    if (k % QK != 0 || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) || (FMT_SUPER(fmt) && k % 256 != 0) ||
+        (out_dtype != 0 && out_dtype != 1))
         return -1;
     if (out_dtype == 1) {  /* the per-thread row buffers must be to be had */
         void *probe = malloc(sizeof(float) * (size_t)k);

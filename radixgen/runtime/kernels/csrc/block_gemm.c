@@ -192,26 +192,26 @@ static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
 
 /* The scalar reference of `panel` (below) for every format: the same integer sums, combined in the same
  * order. SIMD builds run it for the formats their vector path does not read (none on x86). */
-static void panel_ref(const int fmt, const int mr, const uint8_t *qs, const void *d, const void *m, int64_t nb,
-                      const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static void panel_ref(const int fmt, const int mr, const rg_panel v, int64_t nb, const xblock *xq, float *y,
+                      int64_t ldy, int64_t nvalid) {
     const int halves = FMT_HALVES(fmt), span = QK / halves;
     for (int i = 0; i < mr; i++)
         for (int64_t c = 0; c < nvalid; c++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
                 const xblock *xb = xq + i * nb + b;
-                const uint8_t *qb = qs + b * FMT_BLOCK_BYTES(fmt);
+                const uint8_t *qb = v.qs + b * FMT_BLOCK_BYTES(fmt);
                 for (int h = 0; h < halves; h++) {
                     int32_t a[LIMBS] = {0, 0, 0};
                     for (int k = h * span; k < (h + 1) * span; k++) {
                         const int32_t q = rg_block_q(fmt, qb, c, k);
                         for (int l = 0; l < LIMBS; l++) a[l] += q * xb->q[l][k];
                     }
-                    const int64_t at = (b * halves + h) * NR + c;
-                    const float v = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
-                    acc += v * (rg_block_scale(fmt, d, at) * xb->s);
-                    if (FMT_HAS_MIN(fmt))
-                        acc += rg_block_scale(fmt, m, at) * (halves == 2 ? xb->half_sum[h] : xb->sum);
+                    float d, m;
+                    rg_block_dm(fmt, &v, b, h, c, &d, &m);
+                    const float sum = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                    acc += sum * (d * xb->s);
+                    if (FMT_HAS_MIN(fmt)) acc += m * (halves == 2 ? xb->half_sum[h] : xb->sum);
                 }
             }
             y[i * ldy + c] = acc;
@@ -261,40 +261,72 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     }
 }
 
+/* Block b's scales d[h] and mins m[h] of a panel's 16 rows (K-quants: computed from their integers and
+ * factors as gguf does, each product exact). */
+static inline __attribute__((always_inline)) void scales16(const int fmt, const rg_panel *v, int64_t b, __m512 *d,
+                                                            __m512 *m) {
+    if (fmt == FMT_K4) {
+        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 32;
+        const __m512 fd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)f));
+        const __m512 fm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(f + 16)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(v->d + b * 16))));
+        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(v->m + b * 16))));
+        d[0] = _mm512_mul_ps(fd, sc);
+        m[0] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(fm, mn));
+        return;
+    }
+    if (fmt == FMT_K6) {
+        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 16;
+        const __m512 fd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)f));
+        for (int h = 0; h < 2; h++) {
+            const __m128i sc = _mm_loadu_si128((const __m128i *)(v->d + (b * 2 + h) * 16));
+            d[h] = _mm512_mul_ps(fd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+            m[h] = _mm512_mul_ps(_mm512_set1_ps(-32.0f), d[h]);
+        }
+        return;
+    }
+    for (int h = 0; h < FMT_HALVES(fmt); h++) {
+        d[h] = load16(fmt, v->d, (b * FMT_HALVES(fmt) + h) * NR);
+        m[h] = FMT_HAS_MIN(fmt) ? load16(fmt, v->m, (b * FMT_HALVES(fmt) + h) * NR) : _mm512_setzero_ps();
+    }
+}
+
 /* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
-                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
-                                                         int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
     __m512 acc[MR];
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
-    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
-    const int64_t scale_bytes = NR * halves * (FMT_F32(fmt) ? 4 : 2);  /* a block's scales (and mins) */
+    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
     for (int64_t b = 0; b < nb; b++) {
         /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
-        const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
+        const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
         for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        for (int64_t line = 0; line < scale_bytes; line += 64) {
-            _mm_prefetch((const char *)ds + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
-            if (FMT_HAS_MIN(fmt)) _mm_prefetch((const char *)ms + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
-        }
-        __m512 d[2], m[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (int h = 0; h < halves; h++) {
-            d[h] = load16(fmt, ds, (b * halves + h) * NR);
-            if (FMT_HAS_MIN(fmt)) m[h] = load16(fmt, ms, (b * halves + h) * NR);
-        }
-        __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned */
-        if (FMT_BITS(fmt) == 4) {
-            const uint8_t *qb = qs + b * 256;
+        for (int64_t line = 0; line < scale_bytes; line += 64)
+            _mm_prefetch((const char *)v.d + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+        for (int64_t line = 0; line < min_bytes; line += 64)
+            _mm_prefetch((const char *)v.m + (b + PREFETCH_BLOCKS) * min_bytes + line, _MM_HINT_T0);
+        if (FMT_SUPER(fmt) && b % 8 == 0)
+            _mm_prefetch((const char *)v.sup + (b / 8 + 1) * FMT_SUP_BYTES(fmt), _MM_HINT_T0);
+        __m512 d[2], m[2];
+        scales16(fmt, &v, b, d, m);
+        __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned (signed int8 + 128 for I8H) */
+        const uint8_t *qb = v.qs + b * block_bytes;
+        if (FMT_NIBBLES(fmt)) {
             for (int g = 0; g < 4; g++) {
-                const __m512i v = _mm512_loadu_si512(qb + 64 * g);
-                w[g] = _mm512_and_si512(v, _mm512_set1_epi8(15));
-                w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+                const __m512i x = _mm512_loadu_si512(qb + 64 * g);
+                w[g] = _mm512_and_si512(x, _mm512_set1_epi8(15));
+                w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15));
             }
+            if (fmt == FMT_K6)  /* the high 2 bits: plane vector g & 1, bits 2 (g / 2) */
+                for (int g = 0; g < 8; g++) {
+                    const __m512i hi = _mm512_loadu_si512(qb + 256 + 64 * (g & 1));
+                    const __m512i h2 = _mm512_and_si512(_mm512_srli_epi16(hi, 2 * (g / 2)), _mm512_set1_epi8(3));
+                    w[g] = _mm512_or_si512(w[g], _mm512_slli_epi16(h2, 4));
+                }
         } else {  /* signed int8 + 128 as unsigned: the offset is taken off with the limbs' sums */
-            const uint8_t *qb = qs + b * 512;
             for (int g = 0; g < 8; g++) {
-                const __m512i v = _mm512_loadu_si512(qb + 64 * g);
-                w[g] = fmt == FMT_I8H ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : v;
+                const __m512i x = _mm512_loadu_si512(qb + 64 * g);
+                w[g] = fmt == FMT_I8H ? _mm512_xor_si512(x, _mm512_set1_epi8(-128)) : x;
             }
         }
         int i = 0;
@@ -304,7 +336,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
-#define PANEL_FORMATS 5 /* formats the vector path reads: all */
+#define PANEL_FORMATS 7 /* formats the vector path reads: all (FMT_BAD) */
 #elif defined(RG_AVX2)
 /* acc += the dword dot products of 4 unsigned weight bytes with 4 signed activation bytes. */
 static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
@@ -327,7 +359,7 @@ static inline __m256i bcast4(const int8_t *x) {
 static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, const __m256i *w, const int8_t *xl,
                                                                const int g0, const int g1) {
 #ifndef RG_AVXVNNI
-    if (FMT_BITS(fmt) == 4) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
+    if (FMT_Q4(fmt)) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
         __m256i s = _mm256_setzero_si256();
         for (int g = g0; g < g1; g++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g)));
         return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
@@ -336,7 +368,7 @@ static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, con
     __m256i a = _mm256_setzero_si256();
     for (int g = g0; g < g1; g++) {
         const __m256i x = bcast4(xl + 4 * g);
-        if (fmt != FMT_I8H) a = dot4(a, w[g], x);  /* unsigned q <= 63: pair sums below 2^15 */
+        if (fmt != FMT_I8H) a = dot4(a, w[g], x);  /* unsigned q <= 63: each pair sum below 2^15 */
 #ifdef RG_AVXVNNI
         else a = dot4(a, _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)), x);
 #else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
@@ -352,40 +384,69 @@ static inline __attribute__((always_inline)) __m256 load8(const int fmt, const v
                         : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
 }
 
+/* Block b's scales d[s] and mins m[s] of rows 8h .. 8h + 7 of a panel (as scales16 in the AVX-512 path). */
+static inline __attribute__((always_inline)) void scales8(const int fmt, const rg_panel *v, int64_t b, int h,
+                                                           __m256 *d, __m256 *m) {
+    if (fmt == FMT_K4) {
+        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 32 + 8 * h;
+        const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)f));
+        const __m256 fm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(f + 16)));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(v->d + b * 16 + 8 * h))));
+        const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(v->m + b * 16 + 8 * h))));
+        d[0] = _mm256_mul_ps(fd, sc);
+        m[0] = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(fm, mn));
+        return;
+    }
+    if (fmt == FMT_K6) {
+        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 16 + 8 * h;
+        const __m256 fd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)f));
+        for (int s = 0; s < 2; s++) {
+            const __m128i sc = _mm_loadl_epi64((const __m128i *)(v->d + (b * 2 + s) * 16 + 8 * h));
+            d[s] = _mm256_mul_ps(fd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+            m[s] = _mm256_mul_ps(_mm256_set1_ps(-32.0f), d[s]);
+        }
+        return;
+    }
+    for (int s = 0; s < FMT_HALVES(fmt); s++) {
+        d[s] = load8(fmt, v->d, (b * FMT_HALVES(fmt) + s) * NR + 8 * h);
+        m[s] = FMT_HAS_MIN(fmt) ? load8(fmt, v->m, (b * FMT_HALVES(fmt) + s) * NR + 8 * h) : _mm256_setzero_ps();
+    }
+}
+
 /* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other; a
  * block's weights are unpacked once for all mr rows. */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
-                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
-                                                         int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
     const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
     const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
-    const int64_t scale_bytes = NR * halves * (FMT_F32(fmt) ? 4 : 2);
+    const int64_t scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
     for (int h = 0; h < 2; h++) {
         __m256 acc[MR];
         for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             if (h == 0) {  /* the first half's pass streams the panel in (as the AVX-512 path: 8 blocks ahead) */
-                const char *ahead = (const char *)(qs + (b + PREFETCH_BLOCKS) * block_bytes);
+                const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
                 for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-                for (int64_t line = 0; line < scale_bytes; line += 64) {
-                    _mm_prefetch((const char *)ds + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
-                    if (FMT_HAS_MIN(fmt))
-                        _mm_prefetch((const char *)ms + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
-                }
+                for (int64_t line = 0; line < scale_bytes; line += 64)
+                    _mm_prefetch((const char *)v.d + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
+                for (int64_t line = 0; line < min_bytes; line += 64)
+                    _mm_prefetch((const char *)v.m + (b + PREFETCH_BLOCKS) * min_bytes + line, _MM_HINT_T0);
             }
-            __m256 d[2], m[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-            for (int s = 0; s < halves; s++) {
-                d[s] = load8(fmt, ds, (b * halves + s) * NR + 8 * h);
-                if (FMT_HAS_MIN(fmt)) m[s] = load8(fmt, ms, (b * halves + s) * NR + 8 * h);
-            }
+            __m256 d[2], m[2];
+            scales8(fmt, &v, b, h, d, m);
+            const uint8_t *qb = v.qs + b * block_bytes;
             __m256i w[8];
             for (int g = 0; g < 8; g++) {
-                if (FMT_BITS(fmt) == 4) {
-                    const uint8_t *q = qs + b * block_bytes + 64 * (g & 3) + 32 * h;
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)q);
-                    w[g] = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+                if (FMT_NIBBLES(fmt)) {
+                    const __m256i x = _mm256_loadu_si256((const __m256i *)(qb + 64 * (g & 3) + 32 * h));
+                    w[g] = _mm256_and_si256(g < 4 ? x : _mm256_srli_epi16(x, 4), _mm256_set1_epi8(15));
+                    if (fmt == FMT_K6) {
+                        const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 64 * (g & 1) + 32 * h));
+                        const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * (g / 2)), _mm256_set1_epi8(3));
+                        w[g] = _mm256_or_si256(w[g], _mm256_slli_epi16(h2, 4));
+                    }
                 } else {
-                    w[g] = _mm256_loadu_si256((const __m256i *)(qs + b * block_bytes + 64 * g + 32 * h));
+                    w[g] = _mm256_loadu_si256((const __m256i *)(qb + 64 * g + 32 * h));
                 }
             }
             for (int i = 0; i < mr; i++) {
@@ -397,9 +458,9 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                     if (fmt == FMT_I8H)
                         for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
 #endif
-                    __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
-                    v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, v);
-                    acc[i] = _mm256_fmadd_ps(v, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
+                    __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
+                    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
+                    acc[i] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
                     if (FMT_HAS_MIN(fmt))
                         acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(halves == 2 ? xb->half_sum[s] : xb->sum), acc[i]);
                 }
@@ -413,7 +474,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         }
     }
 }
-#define PANEL_FORMATS 5
+#define PANEL_FORMATS 7
 #elif defined(RG_NEON)
 /* Group g's weights of block qb (k = 4g .. 4g + 3 of the 16 rows) as signed bytes, rows 4h .. 4h + 3 in
  * w[h]: each int32 lane of sdot's products is then one output row. 4-bit q (0..15) fit int8 as they
@@ -441,11 +502,11 @@ static inline __attribute__((always_inline)) void neon_weights(const int bits, c
 
 /* `panel` on 4-float vectors for the fp16 formats (U4H, I8H) (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
  * three limbs' 12 int32 sums stay in registers over the block's 8 groups. */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const uint8_t *qs, const void *ds,
-                                                         const void *ms, int64_t nb, const xblock *xq, float *y,
-                                                         int64_t ldy, int64_t nvalid) {
-    const int bits = FMT_BITS(fmt);
-    const uint16_t *d16 = (const uint16_t *)ds, *m16 = (const uint16_t *)ms;
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
+                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+    const int bits = fmt == FMT_U4H ? 4 : 8;
+    const uint8_t *qs = v.qs;
+    const uint16_t *d16 = (const uint16_t *)v.d, *m16 = (const uint16_t *)v.m;
     float32x4_t acc[MR][4];
     for (int i = 0; i < mr; i++)
         for (int h = 0; h < 4; h++) acc[i][h] = vdupq_n_f32(0.0f);
@@ -490,42 +551,43 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
 #endif
 
 /* `panel` (or `panel_ref`) with the format and mr compile-time constants (accumulators in registers). */
-static void panel_any(int fmt, int mr, const uint8_t *qs, const void *d, const void *m, int64_t nb,
-                      const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static void panel_any(int fmt, int mr, const rg_panel v, int64_t nb, const xblock *xq, float *y, int64_t ldy,
+                      int64_t nvalid) {
     if (fmt >= PANEL_FORMATS) {
-        panel_ref(fmt, mr, qs, d, m, nb, xq, y, ldy, nvalid);
+        panel_ref(fmt, mr, v, nb, xq, y, ldy, nvalid);
         return;
     }
 #if PANEL_FORMATS > 0
-#define CASE(R)                                                                 \
-    case R:                                                                     \
-        switch (fmt) {                                                          \
-            case FMT_U4H: panel(FMT_U4H, R, qs, d, m, nb, xq, y, ldy, nvalid); return; \
-            case FMT_I8H: panel(FMT_I8H, R, qs, d, m, nb, xq, y, ldy, nvalid); return; \
-            PANEL_CASES_F32(R)                                                  \
-        }                                                                       \
+#define CASE(R)                                                                  \
+    case R:                                                                      \
+        switch (fmt) {                                                           \
+            case FMT_U4H: panel(FMT_U4H, R, v, nb, xq, y, ldy, nvalid); return;  \
+            case FMT_I8H: panel(FMT_I8H, R, v, nb, xq, y, ldy, nvalid); return;  \
+            PANEL_CASES_MORE(R)                                                  \
+        }                                                                        \
         return;
 #if PANEL_FORMATS > 2
-#define PANEL_CASES_F32(R)                                                      \
-    case FMT_U4F: panel(FMT_U4F, R, qs, d, m, nb, xq, y, ldy, nvalid); return;  \
-    case FMT_U8F: panel(FMT_U8F, R, qs, d, m, nb, xq, y, ldy, nvalid); return;  \
-    case FMT_U8F2: panel(FMT_U8F2, R, qs, d, m, nb, xq, y, ldy, nvalid); return;
+#define PANEL_CASES_MORE(R)                                                      \
+    case FMT_U4F: panel(FMT_U4F, R, v, nb, xq, y, ldy, nvalid); return;          \
+    case FMT_U8F: panel(FMT_U8F, R, v, nb, xq, y, ldy, nvalid); return;          \
+    case FMT_U8F2: panel(FMT_U8F2, R, v, nb, xq, y, ldy, nvalid); return;        \
+    case FMT_K4: panel(FMT_K4, R, v, nb, xq, y, ldy, nvalid); return;            \
+    case FMT_K6: panel(FMT_K6, R, v, nb, xq, y, ldy, nvalid); return;
 #else
-#define PANEL_CASES_F32(R)
+#define PANEL_CASES_MORE(R)
 #endif
     switch (mr) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
     }
 #undef CASE
-#undef PANEL_CASES_F32
+#undef PANEL_CASES_MORE
 #endif
 }
 
 typedef struct {
     int fmt;
-    const uint8_t *qs;
-    const uint8_t *d, *m;
-    int64_t nb, panel_bytes, scale_bytes;
+    const rg_block_weight *w;
+    int64_t nb;
     const xblock *xq;
     int64_t M, n;
     float *y;
@@ -536,11 +598,10 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
     (void)tid;
     for (int64_t p = begin; p < end; p++) {
         const int64_t nvalid = j->n - p * NR < NR ? j->n - p * NR : NR;
+        const rg_panel v = rg_panel_of(j->fmt, j->w, j->nb, p);
         for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
             const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
-            panel_any(j->fmt, mr, j->qs + p * j->panel_bytes, j->d + p * j->scale_bytes,
-                      j->m == NULL ? NULL : j->m + p * j->scale_bytes, j->nb, j->xq + i0 * j->nb,
-                      j->y + i0 * j->n + p * NR, j->n, nvalid);
+            panel_any(j->fmt, mr, v, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR, j->n, nvalid);
         }
     }
 }
@@ -552,17 +613,15 @@ int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
  * block_format.h's, or the activation limbs cannot be allocated. AMX tiles take the fp16 formats. */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
     const int fmt = rg_block_format(w);
-    if (k % QK != 0 || fmt == FMT_BAD || (FMT_HAS_MIN(fmt) && w->minv == NULL)) return -1;
+    if (k % QK != 0 || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) || (FMT_SUPER(fmt) && k % 256 != 0))
+        return -1;
     if (M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_I8H) && amx_ready())
         return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    const int64_t panel_bytes = nb * FMT_BLOCK_BYTES(fmt);
-    const int64_t scale_bytes = nb * NR * FMT_HALVES(fmt) * (FMT_F32(fmt) ? 4 : 2);  /* a panel's scales */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, xq, nthreads);
-    gemm_job job = {fmt, (const uint8_t *)w->qs, (const uint8_t *)w->scale,
-                    FMT_HAS_MIN(fmt) ? (const uint8_t *)w->minv : NULL, nb, panel_bytes, scale_bytes, xq, M, n, y};
+    gemm_job job = {fmt, w, nb, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
     return 0;
 }

@@ -17,11 +17,12 @@
 /* A [n, k] weight in 32-weight blocks (GGUF's, or a GGUF type converted to one exactly), repacked in
  * panels of 16 rows (block_gemm.c). W = scale * q + min per block (per half block with RG_HALF_BLOCKS). */
 typedef struct {
-    int64_t bits;       /* 4: q 0..15 (Q4_0, Q4_1, Q4_K); 8: one byte a q (Q8_0, Q5_0 signed; the rest unsigned) */
-    int64_t flags;      /* RG_SCALES_F32 | RG_UNSIGNED8 | RG_HALF_BLOCKS (block_gemm.c) */
+    int64_t bits;       /* 4: q 0..15 (Q4_0, Q4_1, Q4_K); 6: Q6_K; 8: a byte a q (Q8_0, Q5_0 signed; others unsigned) */
+    int64_t flags;      /* RG_SCALES_F32 | RG_UNSIGNED8 | RG_HALF_BLOCKS | RG_SUPER_BLOCKS (block_format.h) */
     const void *qs;     /* packed integers */
-    const void *scale;  /* [panels, k / 32, halves, 16] fp16, or float32 with RG_SCALES_F32 */
-    const void *minv;   /* like scale; NULL for signed 8-bit q (no min) */
+    const void *scale;  /* [panels, k / 32, halves, 16] fp16, float32 (RG_SCALES_F32) or K-quant integers */
+    const void *minv;   /* like scale; NULL where there is no min to store */
+    const void *sup;    /* K-quants: fp16 factors [panels, k / 256, 1 or 2, 16]; else NULL */
 } rg_block_weight;
 
 /* One decoder layer of the one-call decode step (decode_layers.c). */
