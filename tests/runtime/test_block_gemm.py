@@ -66,9 +66,10 @@ def test_blocks_are_ggufs_values(qtype):
     w = from_gguf(raw, qtype)
     assert torch.equal(w.dequantize(), dense)
     panels = pack_panels(w)
-    rows = torch.tensor([36, 0, 17, 17, 5])
-    assert torch.equal(block_dequant_rows(panels, rows), dense[rows])
-    assert torch.equal(block_dequant_rows(panels, rows, torch.bfloat16), dense[rows].bfloat16())
+    # scattered rows (row by row), and whole panels from a panel's first row (vectorized), partial last one
+    for rows in (torch.tensor([36, 0, 17, 17, 5]), torch.arange(n), torch.arange(16, n)):
+        assert torch.equal(block_dequant_rows(panels, rows), dense[rows])
+        assert torch.equal(block_dequant_rows(panels, rows, torch.bfloat16), dense[rows].bfloat16())
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)

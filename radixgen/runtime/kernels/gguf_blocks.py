@@ -52,12 +52,6 @@ def _nibbles32(b: np.ndarray) -> np.ndarray:
     return np.concatenate([b & 15, b >> 4], axis=-1)
 
 
-def _pack4(q: np.ndarray, n: int) -> torch.Tensor:
-    """q [n, k] in 0..15 -> the 4-bit BlockWeight bytes [n, k/2] (byte j of a block: q_j | q_{j+16} << 4)."""
-    q = q.reshape(n, -1, 2, 16).astype(np.uint8)
-    return torch.from_numpy((q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, -1))
-
-
 def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
     """Bit j of a little-endian bit field [..., bytes] as uint8 [..., count]."""
     return np.unpackbits(qh, axis=-1, bitorder="little")[..., :count]
@@ -136,10 +130,14 @@ def _q3_k(b: np.ndarray, n: int) -> BlockWeight:
 def _q4_k(b: np.ndarray, n: int) -> BlockWeight:
     d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
     sc, m = _k_scale_min(b[..., 4:16])
-    # qs [4 pairs of 32-weight sub-blocks][32 bytes]: low nibbles the first, high the second
-    q = (b[..., 16:].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
+    # qs: 4 chunks of 32 bytes, low nibbles sub-block 2c, high nibbles 2c + 1; the 4-bit BlockWeight byte j
+    # of a sub-block is q_j | q_{j+16} << 4, so each chunk's first and second 16 bytes interleave
+    chunks = b[..., 16:].reshape(n, -1, 4, 2, 16)
+    lo, hi = chunks[..., 0, :], chunks[..., 1, :]
+    qs = np.stack([(lo & 15) | ((hi & 15) << 4), (lo >> 4) | (hi & 0xF0)], axis=3)  # [n, nb, 4, 2, 16]
     factors = KFactors(_f32(d, n), _i16(sc, n), _f32(dmin, n), _i16(m, n))
-    return BlockWeight(4, _pack4(q, n), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n), factors)
+    return BlockWeight(4, torch.from_numpy(qs.reshape(n, -1)), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n),
+                       factors)
 
 
 def _q5_k(b: np.ndarray, n: int) -> BlockWeight:

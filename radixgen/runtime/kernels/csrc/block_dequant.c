@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include "block_format.h"
+#include "block_unpack.h"
 #include "radixgen_kernels.h"
 #include "thread_pool.h"
 
@@ -20,6 +21,7 @@ typedef struct {
     int fmt;
     int64_t k;
     const int64_t *rows;
+    int64_t n_rows;
     void *out;
     int out_dtype;
 } dequant_job;
@@ -41,6 +43,70 @@ static void dequant_row(const dequant_job *j, int64_t r, float *dst) {
         }
     }
 }
+
+#if defined(RG_AVX512)
+/* bfloat16 of 16 floats, rounded as rg_float_to_bf16 (to nearest even; NaN stays a quiet NaN). */
+static inline __m256i to_bf16(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* Rows 16p .. 16p + nvalid - 1 of panel v into out [., k] (its row 16p first), float32 or bfloat16, a
+ * block at a time: each of its 8 weight vectors (4 k of 16 rows) in 4 parts of 4 rows x 4 k, scaled by
+ * those rows' own scales and mins (permuted into place); a multiply then an add, as the scalar path. */
+static void dequant_panel(int fmt, const rg_panel *v, int64_t nb, int64_t k, int64_t nvalid, void *out,
+                          int out_dtype) {
+    const int halves = FMT_HALVES(fmt);
+    const __m512i lane_row = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512 d[2], m[2];
+        scales16(fmt, v, b, d, m);
+        __m512i w[8];
+        weights16(fmt, v->qs + b * FMT_BLOCK_BYTES(fmt), w);
+        for (int g = 0; g < 8; g++) {
+            const int h = halves == 2 ? g / 4 : 0;
+            __m128i parts[4] = {_mm512_extracti32x4_epi32(w[g], 0), _mm512_extracti32x4_epi32(w[g], 1),
+                                _mm512_extracti32x4_epi32(w[g], 2), _mm512_extracti32x4_epi32(w[g], 3)};
+            for (int j = 0; j < 4 && 4 * j < nvalid; j++) {  /* rows 4j .. 4j + 3; lane 4r + t: row 4j + r, k 4g + t */
+                __m512i qi = _mm512_cvtepu8_epi32(parts[j]);
+                if (fmt == FMT_I8H) qi = _mm512_sub_epi32(qi, _mm512_set1_epi32(128));
+                const __m512i rows = _mm512_add_epi32(lane_row, _mm512_set1_epi32(4 * j));
+                __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_permutexvar_ps(rows, d[h]));
+                if (FMT_HAS_MIN(fmt)) x = _mm512_add_ps(x, _mm512_permutexvar_ps(rows, m[h]));
+                const int64_t at = 4 * j * k + b * 32 + 4 * g;
+                const int count = nvalid - 4 * j < 4 ? (int)(nvalid - 4 * j) : 4;
+                if (out_dtype == 0) {
+                    float lanes[16];
+                    _mm512_storeu_ps(lanes, x);
+                    for (int r = 0; r < count; r++) memcpy((float *)out + at + r * k, lanes + 4 * r, 16);
+                } else {
+                    uint16_t lanes[16];
+                    _mm256_storeu_si256((__m256i *)lanes, to_bf16(x));
+                    for (int r = 0; r < count; r++) memcpy((uint16_t *)out + at + r * k, lanes + 4 * r, 8);
+                }
+            }
+        }
+    }
+}
+#endif
+
+#if defined(RG_AVX512)
+/* Panels first + [begin, end) of a dequantization of whole panels (rows from rows[0] = 16 first on). */
+static void dequant_panels(void *job, int64_t begin, int64_t end, int tid) {
+    const dequant_job *j = (const dequant_job *)job;
+    const int64_t nb = j->k / QK, first = j->rows[0] / NR, elem = j->out_dtype == 0 ? 4 : 2;
+    (void)tid;
+    for (int64_t i = begin; i < end; i++) {
+        const int64_t done = i * NR, nvalid = j->n_rows - done < NR ? j->n_rows - done : NR;
+        const rg_panel v = rg_panel_of(j->fmt, j->w, nb, first + i);
+        dequant_panel(j->fmt, &v, nb, j->k, nvalid, (uint8_t *)j->out + done * j->k * elem, j->out_dtype);
+    }
+}
+#endif
 
 static void dequant_range(void *job, int64_t begin, int64_t end, int tid) {
     const dequant_job *j = (const dequant_job *)job;
@@ -70,7 +136,17 @@ int block_dequant_rows(const rg_block_weight *w, int64_t k, const int64_t *rows,
         if (probe == NULL) return -1;
         free(probe);
     }
-    dequant_job job = {w, fmt, k, rows, out, out_dtype};
-    rg_parallel(n_rows * k >= 65536 ? nthreads : 1, n_rows, RG_STATIC, dequant_range, &job);
+    dequant_job job = {w, fmt, k, rows, n_rows, out, out_dtype};
+    const int threads = n_rows * k >= 65536 ? nthreads : 1;
+#if defined(RG_AVX512)
+    int whole = n_rows > 0 && rows[0] % NR == 0;  /* consecutive rows from a panel's first: by panels */
+    for (int64_t i = 1; whole && i < n_rows; i++) whole = rows[i] == rows[0] + i;
+    if (whole) {
+        const int64_t first = rows[0] / NR, last = (rows[0] + n_rows - 1) / NR;
+        rg_parallel(threads, last + 1 - first, RG_STATIC, dequant_panels, &job);
+        return 0;
+    }
+#endif
+    rg_parallel(threads, n_rows, RG_STATIC, dequant_range, &job);
     return 0;
 }

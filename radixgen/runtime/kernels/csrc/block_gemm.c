@@ -29,6 +29,7 @@
 #include <string.h>
 #include "amx_gemm.h"
 #include "block_format.h"
+#include "block_unpack.h"
 #include "radixgen_kernels.h"
 #include "scratch.h"
 #include "simd_math.h"
@@ -219,12 +220,6 @@ static void panel_ref(const int fmt, const int mr, const rg_panel v, int64_t nb,
 }
 
 #if defined(RG_AVX512)
-/* 16 scales or mins (fp16 or float32 by format) from element i of a panel's array. */
-static inline __attribute__((always_inline)) __m512 load16(const int fmt, const void *p, int64_t i) {
-    return FMT_F32(fmt) ? _mm512_loadu_ps((const float *)p + i)
-                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
-}
-
 /* acc[r] += block b's products for R rows (xb[r * nb]) of one panel (w: its 8 weight vectors; d, m: its
  * scales and mins, one per half block). The rows' limb sums are independent dependency chains,
  * interleaved so that vpdpbusd's latency is hidden; being integer sums, their order does not change any
@@ -261,36 +256,6 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     }
 }
 
-/* Block b's scales d[h] and mins m[h] of a panel's 16 rows (K-quants: computed from their integers and
- * factors as gguf does, each product exact). */
-static inline __attribute__((always_inline)) void scales16(const int fmt, const rg_panel *v, int64_t b, __m512 *d,
-                                                            __m512 *m) {
-    if (fmt == FMT_K4) {
-        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 32;
-        const __m512 fd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)f));
-        const __m512 fm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(f + 16)));
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(v->d + b * 16))));
-        const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(v->m + b * 16))));
-        d[0] = _mm512_mul_ps(fd, sc);
-        m[0] = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(fm, mn));
-        return;
-    }
-    if (fmt == FMT_K6) {
-        const uint16_t *f = (const uint16_t *)v->sup + (b / 8) * 16;
-        const __m512 fd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)f));
-        for (int h = 0; h < 2; h++) {
-            const __m128i sc = _mm_loadu_si128((const __m128i *)(v->d + (b * 2 + h) * 16));
-            d[h] = _mm512_mul_ps(fd, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-            m[h] = _mm512_mul_ps(_mm512_set1_ps(-32.0f), d[h]);
-        }
-        return;
-    }
-    for (int h = 0; h < FMT_HALVES(fmt); h++) {
-        d[h] = load16(fmt, v->d, (b * FMT_HALVES(fmt) + h) * NR);
-        m[h] = FMT_HAS_MIN(fmt) ? load16(fmt, v->m, (b * FMT_HALVES(fmt) + h) * NR) : _mm512_setzero_ps();
-    }
-}
-
 /* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
 static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
                                                          const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
@@ -310,25 +275,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         __m512 d[2], m[2];
         scales16(fmt, &v, b, d, m);
         __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned (signed int8 + 128 for I8H) */
-        const uint8_t *qb = v.qs + b * block_bytes;
-        if (FMT_NIBBLES(fmt)) {
-            for (int g = 0; g < 4; g++) {
-                const __m512i x = _mm512_loadu_si512(qb + 64 * g);
-                w[g] = _mm512_and_si512(x, _mm512_set1_epi8(15));
-                w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15));
-            }
-            if (fmt == FMT_K6)  /* the high 2 bits: plane vector g & 1, bits 2 (g / 2) */
-                for (int g = 0; g < 8; g++) {
-                    const __m512i hi = _mm512_loadu_si512(qb + 256 + 64 * (g & 1));
-                    const __m512i h2 = _mm512_and_si512(_mm512_srli_epi16(hi, 2 * (g / 2)), _mm512_set1_epi8(3));
-                    w[g] = _mm512_or_si512(w[g], _mm512_slli_epi16(h2, 4));
-                }
-        } else {  /* signed int8 + 128 as unsigned: the offset is taken off with the limbs' sums */
-            for (int g = 0; g < 8; g++) {
-                const __m512i x = _mm512_loadu_si512(qb + 64 * g);
-                w[g] = fmt == FMT_I8H ? _mm512_xor_si512(x, _mm512_set1_epi8(-128)) : x;
-            }
-        }
+        weights16(fmt, v.qs + b * block_bytes, w);
         int i = 0;
         for (; i + 2 <= mr; i += 2) rows_block(2, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
         if (i < mr) rows_block(1, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
