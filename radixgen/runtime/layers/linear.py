@@ -10,9 +10,9 @@
   of the weight, for float32 rows on CPU. The block kernel takes every row where it has AMX tiles,
   else up to `block_rows_limit()` rows; wider inputs (prefill) run GEMMs on slices of the weight
   dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit, or, with a
-  bfloat16 `wide_dtype` (`wide_matmul_dtype`), for the rows of the step's long extends only
-  (`wide_rows`): prefill ~1.5x faster on AMD Zen 4, while decode rows and short prompts stay float32
-  in the block kernel whatever the batch.
+  bfloat16 `wide_dtype` (`wide_matmul_dtype`), for the rows of the step's long extends only (`wide`,
+  passed down by the model): prefill ~1.5x faster on AMD Zen 4, while decode rows and short prompts
+  stay float32 in the block kernel whatever the batch.
 - `ConcatLinear`: GGUF matrices fused by rows (q/k/v) that no one block format holds, side by side.
 - `StoredLinear`: an F16 / BF16 GGUF matrix kept in its 16-bit type, converted to float32 a slice at
   a time for each product (memory: the file's bytes).
@@ -23,9 +23,7 @@ Every representation computes x @ W^T (+ bias) for x [M, in] -> [M, out].
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +34,16 @@ from radixgen.runtime.kernels.block_gemm import PanelWeight, block_dequant_rows,
 
 
 class Linear(nn.Module):
-    """x [M, in] -> x @ W^T + bias [M, out]; subclasses hold the weight in one representation."""
+    """x [M, in] -> x @ W^T + bias [M, out]; subclasses hold the weight in one representation. `wide`: the
+    rows of the step's long extends (`long_extend_runs`), which a block matrix with a lower-precision
+    wide GEMM gives to it (every other representation computes all rows alike)."""
 
     in_features: int
     out_features: int
     bias: torch.Tensor | None
+
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
+        raise NotImplementedError
 
 
 class DenseLinear(Linear):
@@ -52,7 +55,7 @@ class DenseLinear(Linear):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
@@ -65,26 +68,14 @@ class PackedLinear(Linear):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)  # no batch hint
         self.bias = None if bias is None else bias.detach()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-# The step's rows [start, end) that belong to long extends, for the block matrices whose fallback is
-# of lower precision: set by the model around its layers (`wide_rows`), empty elsewhere (the head).
-_WIDE_RUNS: ContextVar[tuple[tuple[int, int], ...]] = ContextVar("wide_runs", default=())
+Runs = tuple[tuple[int, int], ...]  # a step's rows [start, end) of its long extends, sorted and disjoint
 
 
-@contextmanager
-def wide_rows(runs: tuple[tuple[int, int], ...]) -> Iterator[None]:
-    """Within the block, lower-precision fallbacks take the rows in `runs` (sorted, disjoint)."""
-    token = _WIDE_RUNS.set(runs)
-    try:
-        yield
-    finally:
-        _WIDE_RUNS.reset(token)
-
-
-def long_extend_runs(extend_lens: list[int], min_len: int) -> tuple[tuple[int, int], ...]:
+def long_extend_runs(extend_lens: list[int], min_len: int) -> Runs:
     """Row ranges of the requests that extend by more than `min_len` tokens (adjacent ones merged),
     in a step whose rows are the requests' new tokens one after another."""
     runs: list[tuple[int, int]] = []
@@ -137,7 +128,7 @@ class BlockLinear(Linear):
     """A GGUF matrix in the block kernel's panels, for float32 CPU rows. `wide_dtype` None: the block
     kernel takes every row (AMX; the head). float32: inputs of more rows than `block_rows_limit()` run
     on dequantized slices (`wide_linear`). A lower precision (`long_extends_only`): only the rows of long
-    extends (`wide_rows`) do, the block kernel computing every other row."""
+    extends (`wide`) do, the block kernel computing every other row."""
 
     def __init__(self, panels: PanelWeight, bias: torch.Tensor | None, wide_dtype: torch.dtype | None = None,
                  long_extends_only: bool = False) -> None:
@@ -148,12 +139,12 @@ class BlockLinear(Linear):
         self.wide_dtype = wide_dtype
         self.long_extends_only = long_extends_only
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
         if self.wide_dtype is None:
             return self._blocks(x)
         if not self.long_extends_only:
             return self._blocks(x) if use_blocks(x) else self._wide(x)
-        runs, m = _WIDE_RUNS.get(), x.shape[0]
+        runs, m = wide, x.shape[0]
         if not runs:
             return self._blocks(x)
         if runs == ((0, m),):
@@ -187,8 +178,8 @@ class ConcatLinear(Linear):
         self.in_features, self.out_features = parts[0].in_features, sum(p.out_features for p in parts)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.cat([p(x) for p in self.parts], dim=1)  # [M, out]
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
+        y = torch.cat([p(x, wide) for p in self.parts], dim=1)  # [M, out]
         return y if self.bias is None else y.add_(self.bias)
 
 
@@ -202,7 +193,7 @@ class StoredLinear(Linear):
         self.weight = weight
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
         rows = lambda start, end, buf: buf.copy_(self.weight[start:end])
         y = wide_linear(x, rows, self.out_features, torch.float32)
         return y if self.bias is None else y.add_(self.bias)

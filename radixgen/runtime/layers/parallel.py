@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from radixgen.runtime.kernels.block_gemm import PanelWeight, block_dequant_rows
-from radixgen.runtime.layers.linear import Linear
+from radixgen.runtime.layers.linear import Linear, Runs
 
 
 class Collectives(Protocol):
@@ -62,8 +62,8 @@ class RowParallelLinear(ShardedLinear):
         self.inner, self.comm = inner, comm
         self.in_features, self.out_features, self.bias = inner.in_features, inner.out_features, None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(self.inner(x).contiguous())  # [M, out]
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
+        return self.comm.all_reduce(self.inner(x, wide).contiguous())  # [M, out]
 
 
 class VocabParallelHead(ShardedLinear):
@@ -75,8 +75,8 @@ class VocabParallelHead(ShardedLinear):
         self.inner, self.comm, self.vocab_size = inner, comm, vocab_size
         self.in_features, self.out_features, self.bias = inner.in_features, vocab_size, None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = self.comm.gather_first(self.inner(x).float().contiguous())  # size x [M, Vp]
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
+        parts = self.comm.gather_first(self.inner(x, wide).float().contiguous())  # size x [M, Vp]
         if parts is None:
             return x.new_empty((x.shape[0], 0), dtype=torch.float32)
         return torch.cat(parts, dim=1)[:, : self.vocab_size]  # [M, V]

@@ -34,10 +34,10 @@ from radixgen.runtime.layers.linear import (
     ConcatLinear,
     DenseLinear,
     Linear,
+    Runs,
     StoredLinear,
     long_extend_runs,
     pack,
-    wide_rows,
 )
 from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
 from radixgen.runtime.layers.parallel import (
@@ -69,8 +69,8 @@ class MLP(nn.Module):
         self.act = SiluAndMul()
         self.down = _row_parallel(DenseLinear(inter, hidden), tp)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.act(self.gate_up(x)))  # [T, hidden]
+    def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
+        return self.down(self.act(self.gate_up(x, wide)), wide)  # [T, hidden]
 
 
 class DecoderLayer(nn.Module):
@@ -86,9 +86,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """hidden [T, hidden] (the residual stream) -> the same after this layer."""
-        o = self.attn(self.qkv(self.input_norm(hidden)), ctx)  # [T, q]
-        hidden, x = self.post_attn_norm.add(hidden, self.o_proj(o))
-        return hidden.add_(self.mlp(x))
+        o = self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx)  # [T, q]
+        hidden, x = self.post_attn_norm.add(hidden, self.o_proj(o, ctx.wide))
+        return hidden.add_(self.mlp(x, ctx.wide))
 
     def use_c_kernels(self) -> None:
         """Per-token ops in C (CPU float32); layers with q/k norms keep the torch path."""
@@ -149,7 +149,7 @@ class LlamaModel(nn.Module):
         if pack_dense:
             self.lm_head = _packed(self.lm_head, keep_dense=self.config.tie_word_embeddings)
         if isinstance(self.lm_head, BlockLinear) and self.lm_head.long_extends_only:
-            self.lm_head.wide_dtype = None  # the head runs outside `wide_rows`: the block kernel takes all its rows
+            self.lm_head.wide_dtype = None  # the head's rows are logits rows, no long extend's: the block kernel's
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
             self.long_extend_min = limit
 
@@ -216,13 +216,13 @@ class LlamaModel(nn.Module):
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
                                  call.req_rows, call.seq_lens, call.shared)
         else:
-            ctx = ForwardContext(fb, pool, backend, meta, self.rotary)
+            long = self.long_extend_min
+            wide = () if long is None else long_extend_runs(fb.extend_lens, long)
+            ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=wide)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
-            long = self.long_extend_min
-            with wide_rows(() if long is None else long_extend_runs(fb.extend_lens, long)):
-                for layer in self.layers:
-                    h = layer(h, ctx)
+            for layer in self.layers:
+                h = layer(h, ctx)
         if not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):  # a decode's rows are its logits rows
             h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]

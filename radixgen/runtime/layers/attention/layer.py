@@ -34,6 +34,7 @@ class ForwardContext:
     rotary: Rotary
     cos: torch.Tensor | None = None  # [T, 1, D/2] gathered once per step for torch-path layers
     sin: torch.Tensor | None = None
+    wide: tuple[tuple[int, int], ...] = ()  # rows of long extends, for the matrices (layers/linear.Runs)
 
 
 class Attention(nn.Module):
