@@ -21,6 +21,8 @@ the request waits (not scheduled) until its Future is done.
 - Failures are not cached: every waiter of a failing compile gets that same `GrammarError`; a later
   request compiles again. Errors that are not `GrammarError` (a backend bug, out of memory) are
   wrapped in one naming the spec.
+- Exit: at interpreter exit the cache shuts down and waits (up to the deadline) for the compiles still
+  running, so no thread is inside a backend's native code when Python finalizes (common/exit_hooks.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from concurrent.futures import Future, InvalidStateError
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
+from radixgen.common.exit_hooks import COMPILERS, at_exit
 from radixgen.grammar.base import CompiledGrammar, ConstraintSpec, GrammarBackend, GrammarError
 
 compile_client: ContextVar[str | None] = ContextVar("radixgen_compile_client", default=None)
@@ -89,12 +92,14 @@ class GrammarCache:
         self._running: dict[str, int] = {}  # slots held per client
         self._workers = 0  # threads holding (or waiting for) a slot
         self._abandoned = 0  # threads still running a compile past its deadline or its waiters
+        self._threads: set[threading.Thread] = set()  # compile threads alive (abandoned ones included)
         self._closed = False
         self.compiles = 0  # compiles started (misses)
         self.hits = 0
         self.timeouts = 0
         self._watch = threading.Thread(target=self._watchdog, name="grammar-deadline", daemon=True)
         self._watch.start()
+        at_exit(self._close_at_exit, COMPILERS, weak=True)
 
     # ------------------------------------------------------------------ API
 
@@ -161,6 +166,16 @@ class GrammarCache:
             with self._cond:
                 self._cond.wait_for(lambda: self._workers == 0 and not self._jobs, timeout=60)
 
+    def _close_at_exit(self) -> None:
+        """Shut down and join every compile thread, those running an abandoned compile included (for
+        at most the compile deadline, 60 s without one)."""
+        self.shutdown(wait=False)
+        deadline = time.monotonic() + (self.timeout or 60.0)
+        with self._cond:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+
     # ------------------------------------------------------------------ queue (lock held)
 
     def _enqueue_locked(self, job: _Job) -> None:
@@ -210,11 +225,20 @@ class GrammarCache:
         if self._queues and self._workers < self.max_workers and self._abandoned <= self.max_workers \
                 and not self._closed:
             self._workers += 1
-            threading.Thread(target=self._worker, name="grammar-compile", daemon=True).start()
+            thread = threading.Thread(target=self._worker, name="grammar-compile", daemon=True)
+            self._threads.add(thread)
+            thread.start()
 
     # ------------------------------------------------------------------ threads
 
     def _worker(self) -> None:
+        try:
+            self._work()
+        finally:
+            with self._cond:
+                self._threads.discard(threading.current_thread())
+
+    def _work(self) -> None:
         while True:
             with self._cond:
                 job = self._take_locked()

@@ -13,6 +13,12 @@ Errors: an exception in a model call, or in the body (after what the body submit
 run), is recorded on the state (`state.error()`); the executor then skips the rest of the program,
 wakes every waiter, and `s["x"]` of a variable that never got a value raises `ProgramError` instead
 of hanging; `state.sync()` re-raises.
+
+Exit: executor threads are daemons (a forgotten fork must not keep the process alive), so at
+interpreter exit `drain_at_exit` lets streaming bodies return, ends every executor and waits for its
+queue to drain, while the engines still serve them (radixgen/common/exit_hooks.py says why a thread
+must not be inside the model when Python finalizes). Programs still running at exit finish, as
+SGLang's non-daemon program threads do.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from radixgen.common.exit_hooks import PROGRAMS, at_exit
 from radixgen.lang import ir
 from radixgen.lang.backends.base import Backend, ChatTemplate, Context
 from radixgen.lang.choices import token_length_normalized
@@ -63,6 +71,38 @@ class _Fail:  # a branch failed: fail the parent at this point
 
 
 _END = object()
+_live: weakref.WeakSet[StreamExecutor] = weakref.WeakSet()  # executors whose thread may still run
+_bodies: set[threading.Thread] = set()  # streaming programs' body threads still running
+
+
+def start_body(body: Callable[[], None], name: str) -> None:
+    """Run a streaming program's `body` on a daemon thread that `drain_at_exit` waits for."""
+    def run() -> None:
+        try:
+            body()
+        finally:
+            _bodies.discard(thread)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    _bodies.add(thread)
+    thread.start()
+
+
+def drain_at_exit() -> None:
+    """At interpreter exit: wait for streaming bodies to return, end every executor whose body is
+    done (fork branches never joined included) and join the executors' threads."""
+    for thread in list(_bodies):
+        thread.join()
+    executors = list(_live)
+    for ex in executors:
+        if ex.parent is not None or ex.body_done.is_set():  # a body still running elsewhere ends it
+            ex.end()
+    for ex in executors:
+        if ex.body_done.is_set() and ex.thread is not threading.current_thread():
+            ex.thread.join()
+
+
+at_exit(drain_at_exit, PROGRAMS)
 
 
 class StreamExecutor:
@@ -100,6 +140,7 @@ class StreamExecutor:
         self.body_thread: int | None = None
         self.thread = threading.Thread(target=self._worker, name=f"radixgen-program-{self.id}", daemon=True)
         self.thread.start()
+        _live.add(self)
 
     # ---- submitting side (program body thread) ----
     def submit(self, expr: ir.Expr) -> None:

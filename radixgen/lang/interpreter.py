@@ -15,7 +15,7 @@ from typing import Any
 
 from radixgen.lang import ir
 from radixgen.lang.backends.base import Backend
-from radixgen.lang.executor import ProgramError, StreamExecutor, _Append, _Fail, _Gather, logger
+from radixgen.lang.executor import ProgramError, StreamExecutor, _Append, _Fail, _Gather, logger, start_body
 from radixgen.lang.global_config import global_config
 
 __all__ = ["ProgramError", "ProgramState", "ProgramStateGroup", "run_program", "run_program_batch"]
@@ -286,7 +286,7 @@ def run_program(func: Callable, backend: Backend, args: Sequence, kwargs: dict,
             print(state.text(), flush=True)
 
     if stream:
-        threading.Thread(target=body, name=f"radixgen-body-{ex.id}", daemon=True).start()
+        start_body(body, name=f"radixgen-body-{ex.id}")  # waited for at interpreter exit
     else:
         body()
         ex.wait()

@@ -13,7 +13,6 @@ the error names it. The server's output goes to `runtime.log_path`.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import json
 import os
 import socket
@@ -25,6 +24,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
+from radixgen.common.exit_hooks import ENGINES, at_exit
 from radixgen.lang.backends.endpoint import RuntimeEndpoint
 
 
@@ -68,7 +68,8 @@ class Runtime:
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.pid = self.process.pid
-        atexit.register(self.shutdown)
+        # stopped at exit after the programs using it have finished (common/exit_hooks.py)
+        self._cancel_exit_hook = at_exit(self.shutdown, ENGINES)
         try:
             self._wait_healthy(launch_timeout)
         except BaseException:
@@ -146,7 +147,9 @@ class Runtime:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        atexit.unregister(self.shutdown)
+        cancel = getattr(self, "_cancel_exit_hook", None)
+        if cancel is not None:
+            cancel()
 
     def __enter__(self) -> Runtime:
         return self

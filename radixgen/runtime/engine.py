@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
+from radixgen.common.exit_hooks import ENGINES, at_exit
 from radixgen.grammar import GrammarCache, make_router, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.device import check_device
@@ -72,6 +73,8 @@ class Engine:
         self._rng = random.Random(self.config.seed)
         self._grammar_cache: GrammarCache | None = None
         self._closed = False
+        # stopped (threads joined) at interpreter exit if the program did not: see common/exit_hooks.py
+        self._cancel_exit_hook = at_exit(self.shutdown, ENGINES, weak=True)
         logger.info("engine ready in %.1f s (KV pool %d tokens, context %d)", time.perf_counter() - t0,
                     self.config.max_total_tokens, self.context_length)
 
@@ -313,9 +316,11 @@ class Engine:
         return dict(self.scheduler.call("stats", timeout=60))
 
     def shutdown(self) -> None:
-        """Stop the scheduler thread; requests in flight finish with reason "abort"."""
+        """Stop the engine's threads (joined); requests in flight finish with reason "abort". Called at
+        interpreter exit for an engine still running then."""
         if not self._closed:
             self._closed = True
+            self._cancel_exit_hook()
             self.observer.shutdown()
             self.scheduler.shutdown()
             self.runner.close()

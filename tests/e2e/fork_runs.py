@@ -1,0 +1,46 @@
+"""Run a script many times, each in a fresh child process forked from one that has already imported
+torch, transformers and radixgen (about 3 s of a run's 4 s on 2 cores), for test_clean_exit.py.
+
+    python tests/e2e/fork_runs.py MODEL SCRIPT VARIANT RUNS OUTDIR
+
+Child i runs SCRIPT as `__main__` with `sgl.Engine` patched to build MODEL on one torch thread, then,
+with VARIANT "shutdown", calls `sgl.get_default_backend().shutdown()`; then it ends as any script
+does, through the interpreter's own exit (atexit hooks, finalization, C++ static destructors). Its
+stdout and stderr go to OUTDIR/i.out and OUTDIR/i.err, its exit status (negative: the signal that
+ended it) to OUTDIR/i.status. The parent starts no thread of its own before forking: it imports
+modules and reads the tokenizer once (so that its imports are done), nothing else.
+"""
+
+import functools
+import os
+import runpy
+import sys
+
+import xgrammar  # noqa: F401 - imported here once, for every child
+
+import radixgen as sgl
+from radixgen.runtime.engine import Engine
+from radixgen.runtime.tokenizer import load_tokenizer
+
+model, script, variant, runs, outdir = sys.argv[1:6]
+load_tokenizer(model)  # imports what the tokenizer and its config need
+child = None
+for i in range(int(runs)):
+    pid = os.fork()
+    if pid == 0:
+        child = i
+        break
+    _, status = os.waitpid(pid, 0)
+    with open(os.path.join(outdir, f"{i}.status"), "w") as f:
+        f.write(str(os.waitstatus_to_exitcode(status)))
+
+if child is not None:
+    for fd, ext in ((1, "out"), (2, "err")):
+        target = os.open(os.path.join(outdir, f"{child}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = [script]
+    sgl.Engine = functools.partial(Engine, model=model, num_threads=1)
+    runpy.run_path(script, run_name="__main__")
+    if variant == "shutdown":
+        sgl.get_default_backend().shutdown()
