@@ -49,6 +49,8 @@ class Worker(Protocol):
     """What the scheduler needs from the model side."""
 
     busy_seconds: float
+    fast_decode_rows: int | None
+    """Most rows of a pure-decode step that keep the model's fastest path (None: no such limit)."""
 
     def submit(self, batch: ScheduledBatch) -> Future[StepOutput]: ...
 
@@ -80,7 +82,7 @@ class Scheduler:
             self.speculator = Speculator(
                 config.speculative_num_draft_tokens, config.speculative_ngram_min_match_window_size,
                 config.speculative_ngram_max_match_window_size, context_length,
-                getattr(worker, "fast_decode_rows", None), config.device.split(":")[0],
+                worker.fast_decode_rows, config.device.split(":")[0],
                 overlap=not config.disable_overlap, metrics=self.metrics)
         self.output = OutputProcessor(kv, self.metrics, eos_token_ids, context_length,
                                       jump_forward=not config.disable_jump_forward, speculator=self.speculator)
