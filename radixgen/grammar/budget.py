@@ -71,7 +71,9 @@ def safe_token_mask(table: Sequence[bytes | None], vocab_size: int) -> torch.Ten
 
 
 class ShortestCompletion:
-    """Finds a short completion of a matcher's output; one per engine (tokenizer + vocabulary)."""
+    """Finds a short completion of a matcher's output; one per engine (tokenizer + vocabulary), shared
+    by every request's matcher and so used from several threads at once (requests' threads build
+    matchers while the worker fills masks): it holds no state that changes after construction."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         self.table = cached_token_bytes(tokenizer.hf, vocab_size)
@@ -83,7 +85,7 @@ class ShortestCompletion:
             if data:
                 self.token_of.setdefault(data, idx)
         self.max_token_bytes = max(len(d) for d in self.token_of)
-        self._scratch = allocate_bitmask(1, vocab_size)
+        self.vocab_size = vocab_size
 
     def _order(self, preferred: bytes) -> list[int]:
         rank: dict[int, int] = {}
@@ -131,9 +133,10 @@ class ShortestCompletion:
         forced, not `,` then `"`). None if some point allows no token of `data`."""
         g = grammar.copy()
         out, pos = [], 0
+        mask = allocate_bitmask(1, self.vocab_size)  # this call's own: the completer is shared across threads
         while pos < len(data):
-            g.fill_bitmask(self._scratch, 0)
-            row = self._scratch[0]
+            g.fill_bitmask(mask, 0)
+            row = mask[0]
             for end in range(min(len(data), pos + self.max_token_bytes), pos, -1):
                 tid = self.token_of.get(data[pos:end])
                 if tid is not None and (int(row[tid >> 5]) >> (tid & 31)) & 1 and g.accept_token(tid):

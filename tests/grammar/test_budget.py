@@ -76,3 +76,22 @@ def test_copy_and_rollback_keep_the_completion_consistent(tok):
     assert g.needed() == router.matcher(compiled, budget=40).needed() != need  # back at the start
     assert twin.needed() == need  # the copy kept its own state
     assert twin.accept_tokens(tok.encode('","age":3}', add_special_tokens=False)) and twin.needed() == 1
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_matchers_built_by_many_threads_plan_as_alone(backend, tok):
+    """One completer serves every request's matcher from many threads (issue 40: it searched in one
+    shared bitmask row, so concurrent matchers got other plans or none, "no completion was found")."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    router = make_router(backend, tok)
+    compiled = [router.compile(json_schema_spec(s)) for s in GENERATION_SCHEMAS] * 4
+
+    def plan(c) -> tuple[int | None, list[int] | None]:
+        g = router.matcher(c, budget=10**6)
+        return g.needed(), g._plan
+
+    alone = [plan(c) for c in compiled]
+    for _ in range(3):
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(plan, compiled)) == alone
