@@ -95,3 +95,18 @@ def test_matchers_built_by_many_threads_plan_as_alone(backend, tok):
     for _ in range(3):
         with ThreadPoolExecutor(16) as pool:
             assert list(pool.map(plan, compiled)) == alone
+
+
+def test_a_long_shortest_output_that_fits_the_budget_is_found(tok):
+    """The search goes as far as the budget allows (issue 40): 24 required string fields take ~700
+    bytes, past the old fixed 512-byte limit, in ~230 tokens, within max_new_tokens=384."""
+    router = make_router("llguidance", tok)
+    props = {f"customer_field_number_{i}": {"type": "string"} for i in range(24)}
+    schema = {"type": "object", "properties": props, "required": list(props)}
+    compiled = router.compile(json_schema_spec(schema))
+    minimal = json.dumps(dict.fromkeys(props, ""), separators=(",", ":"))
+    assert len(minimal) > 512
+    need = router.matcher(compiled, budget=384).needed()
+    assert 100 < need <= len(tok.encode(minimal, add_special_tokens=False)) + 1 <= 384
+    with pytest.raises(GrammarError, match="takes .* tokens.*max_new_tokens=100"):  # found, and too long
+        router.matcher(compiled, budget=100)
