@@ -90,16 +90,22 @@ def start_body(body: Callable[[], None], name: str) -> None:
 
 def drain_at_exit() -> None:
     """At interpreter exit: wait for streaming bodies to return, end every executor whose body is
-    done (fork branches never joined included) and join the executors' threads."""
-    for thread in list(_bodies):
-        thread.join()
-    executors = list(_live)
-    for ex in executors:
-        if ex.parent is not None or ex.body_done.is_set():  # a body still running elsewhere ends it
-            ex.end()
-    for ex in executors:
-        if ex.body_done.is_set() and ex.thread is not threading.current_thread():
-            ex.thread.join()
+    done (fork branches never joined included) and join the executors' threads; again for executors
+    that appeared meanwhile."""
+    seen: set[StreamExecutor] = set()
+    while True:
+        for thread in list(_bodies):
+            thread.join()
+        executors = [ex for ex in list(_live) if ex not in seen]
+        if not executors:
+            return
+        seen.update(executors)
+        for ex in executors:
+            if ex.parent is not None or ex.body_done.is_set():  # a body still running elsewhere ends it
+                ex.end()
+        for ex in executors:
+            if ex.body_done.is_set() and ex.thread is not threading.current_thread():
+                ex.thread.join()
 
 
 at_exit(drain_at_exit, PROGRAMS)
