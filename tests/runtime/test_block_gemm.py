@@ -20,12 +20,11 @@ from radixgen.runtime.kernels.block_gemm import (
     block_over_dense_time,
     block_rows_limit,
     concat_rows,
-    from_gguf,
     library,
     pack_panels,
     use_blocks,
 )
-from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, BLOCK_WEIGHTS
+from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, BLOCK_WEIGHTS, from_gguf
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the block kernel")
 

@@ -20,8 +20,9 @@ import torch
 from radixgen.radix_cache import kv_quant
 from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
-from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
+from radixgen.runtime.kernels.block_gemm import block_linear, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from radixgen.runtime.kernels.gguf_blocks import from_gguf
 from tests.runtime.test_block_gemm import ALL_TYPES, random_gguf, width
 from tests.runtime.test_cpu_attention import kv_buffer
 

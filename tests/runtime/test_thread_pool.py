@@ -13,7 +13,8 @@ import torch
 
 from radixgen.runtime.kernels import build, ffi
 from radixgen.runtime.kernels import decode_attention as attn
-from radixgen.runtime.kernels.block_gemm import block_linear, from_gguf, pack_panels
+from radixgen.runtime.kernels.block_gemm import block_linear, pack_panels
+from radixgen.runtime.kernels.gguf_blocks import from_gguf
 from tests.runtime.test_block_gemm import random_gguf
 
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")

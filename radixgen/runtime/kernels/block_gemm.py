@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from radixgen.runtime.kernels import ffi
@@ -109,13 +108,6 @@ class BlockWeight:
         if self.minv is not None:
             w = w + self.minv[..., None]
         return w.view(n, k)
-
-
-def from_gguf(data: np.ndarray, qtype: str) -> BlockWeight:
-    """A GGUF tensor's raw bytes (uint8 [n, bytes per row]) as a BlockWeight (see `gguf_blocks`)."""
-    from radixgen.runtime.kernels.gguf_blocks import block_weight
-
-    return block_weight(data, qtype)
 
 
 @dataclass

@@ -73,7 +73,7 @@ def _i16(a: np.ndarray, n: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int16).reshape(n, -1))
 
 
-def block_weight(data: np.ndarray, qtype: str) -> BlockWeight:
+def from_gguf(data: np.ndarray, qtype: str) -> BlockWeight:
     """A GGUF tensor's raw bytes (uint8 [n, bytes per row]) of any type in BLOCK_BYTES as a BlockWeight."""
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"no block kernel for GGUF type {qtype} (have {', '.join(BLOCK_BYTES)})")

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from radixgen.runtime.kernels.block_gemm import BlockWeight
-from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, KERNEL_BYTES, block_weight, dense_from_gguf
+from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, KERNEL_BYTES, dense_from_gguf, from_gguf
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.gguf_file import GGUFHeader, TensorInfo, read_header
 from radixgen.runtime.models.resolve import resolve_model_path
@@ -214,7 +214,7 @@ class GGUFCheckpoint:
         if t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
             return None
         raw, qtype, shape = self._raw(name)
-        w = block_weight(raw, qtype)
+        w = from_gguf(raw, qtype)
         order = self._rope_rows(name, shape[0])
         return w if order is None else w.rows(order)
 
@@ -230,7 +230,7 @@ class GGUFCheckpoint:
     def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         raw, qtype, shape = self._raw(name)
         if qtype in BLOCK_BYTES:
-            w = block_weight(raw, qtype).dequantize().reshape(shape)
+            w = from_gguf(raw, qtype).dequantize().reshape(shape)
         else:
             flat = raw.reshape(-1).view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qtype])
             w = dense_from_gguf(flat, qtype, shape).float()
