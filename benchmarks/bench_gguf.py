@@ -1,0 +1,136 @@
+"""Ours against llama.cpp on the same GGUF files, 2 threads: prefill of 256 tokens and batch-1 decode of
+128, with the ratios the quantized-weights issue asks for (decode >= 1.2x, prefill >= 3x).
+
+llama.cpp runs as its own `llama-bench` (pp256 and tg128, best settings of its build), built with cmake
+from the llama.cpp that the llama-cpp-python source distribution vendors (on CPUs where its AMX path
+dies with SIGILL, with -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF); give its path with
+--llama-bench or LLAMA_BENCH. Ours: an Engine on the file (radix cache off), prefill = 256 prompt tokens
+and one output token, decode = 128 greedy tokens after a 16-token prompt (its prefill included). The sides
+alternate for --rounds rounds (a shared VM drifts by 20-30% over minutes); ratios use the means.
+benchmarks/synth_gguf.py writes the synthetic 1B / 3B / 8B files this is meant for.
+
+Beside each ratio, the most this machine allows ours (measured in the same run): decode reads every
+weight once a token, so it is at most the memory read bandwidth over the bytes of the model's matrices
+in the kernel; prefill multiplies 2 x params flops a token, at most at the rate of a large bfloat16
+GEMM (oneDNN, the wide steps' GEMMs).
+
+    python benchmarks/bench_gguf.py /tmp/synth-1b-q4_k_m.gguf ... [--rounds 2] [--llama-bench PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+BARS = {"decode_b1": 1.2, "prefill_256": 3.0}
+
+
+def ours(path: str, new_tokens: int) -> dict:
+    """Prefill-256 and batch-1 decode tokens/s of an Engine on `path` (torch imported here)."""
+    from radixgen.runtime.engine import Engine
+
+    eng = Engine(model=path, disable_radix_cache=True, max_total_tokens=4096, max_running_requests=4)
+    try:
+        vocab = eng.model_config.vocab_size
+        ids = [(i * 7919 + 13) % (vocab - 10) + 5 for i in range(256)]
+        eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})  # warm-up
+        t = time.perf_counter()
+        eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+        prefill = 256 / (time.perf_counter() - t)
+        greedy = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+        eng.generate(input_ids=ids[:16], sampling_params={**greedy, "max_new_tokens": 8})  # warm-up
+        t = time.perf_counter()
+        eng.generate(input_ids=ids[:16], sampling_params=greedy)
+        return {"prefill_256": prefill, "decode_b1": new_tokens / (time.perf_counter() - t)}
+    finally:
+        eng.shutdown()
+
+
+def llama_cpp(binary: str, path: str, new_tokens: int) -> dict:
+    """llama-bench's pp256 and tg`new_tokens` tokens/s on 2 threads (mean of its 3 repetitions)."""
+    out = subprocess.run([binary, "-m", path, "-t", "2", "-p", "256", "-n", str(new_tokens), "-r", "3", "-o", "json"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    pick = lambda key: next(r["avg_ts"] for r in rows if r[key] > 0)
+    return {"prefill_256": pick("n_prompt"), "decode_b1": pick("n_gen")}
+
+
+def read_bandwidth_gbs() -> float:
+    """GB/s of summing a 1 GiB float32 tensor (best of 3), the machine's streaming read rate."""
+    import torch
+
+    x = torch.ones(1 << 28)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def bf16_gemm_gflops() -> float:
+    """GFLOP/s of a [256, 4096] x [4096, 4096] bfloat16 GEMM (best of 3): the wide steps' GEMM rate."""
+    import torch
+
+    a, b = torch.randn(256, 4096).bfloat16(), torch.randn(4096, 4096).bfloat16()
+    torch.nn.functional.linear(a, b)
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        torch.nn.functional.linear(a, b)
+        best = max(best, 2 * 256 * 4096 * 4096 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def model_bytes_and_params(path: str) -> tuple[int, int]:
+    """Bytes of the block kernel's weights (estimated from the file) and the parameter count of `path`."""
+    import torch
+
+    from radixgen.runtime.models.loader import open_checkpoint
+
+    _, ckpt = open_checkpoint(path)
+    params = sum(t.n_elements for t in ckpt._tensors.values())
+    return ckpt.resident_bytes(True, torch.float32), params
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gguf", nargs="+", help="GGUF files (e.g. from benchmarks/synth_gguf.py)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench"))
+    args = ap.parse_args()
+    if args.llama_bench is None:
+        print("note: no llama-bench (give --llama-bench or LLAMA_BENCH): ours only")
+    import torch
+
+    torch.set_num_threads(2)
+    bandwidth, gflops = read_bandwidth_gbs(), bf16_gemm_gflops()
+    print(json.dumps({"read_bandwidth_gbs": round(bandwidth, 1), "bf16_gemm_gflops": round(gflops, 1)}), flush=True)
+    for path in args.gguf:
+        runs: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
+        for _ in range(args.rounds):
+            runs["ours"].append(ours(path, args.new_tokens))
+            if args.llama_bench:
+                runs["llama.cpp"].append(llama_cpp(args.llama_bench, path, args.new_tokens))
+        mean = {side: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items() if rs}
+        line = {"model": Path(path).name, "size_gb": round(Path(path).stat().st_size / 1e9, 3),
+                **{f"{side}_{k}_tok_s": round(v, 1) for side, m in mean.items() for k, v in m.items()}}
+        weights, params = model_bytes_and_params(path)
+        most = {"decode_b1": bandwidth * 1e9 / weights, "prefill_256": gflops * 1e9 / (2 * params)}
+        if "llama.cpp" in mean:
+            for k, bar in BARS.items():
+                line[f"{k}_ratio"] = round(mean["ours"][k] / mean["llama.cpp"][k], 2)
+                line[f"{k}_bar"] = bar
+                line[f"{k}_ceiling"] = round(most[k] / mean["llama.cpp"][k], 2)
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
