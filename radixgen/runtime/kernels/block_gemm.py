@@ -62,7 +62,9 @@ class BlockWeight:
     half block (16 weights) where `scale` has twice the columns.
 
     bits 4: qs uint8 [n, k/2], q 0..15 (in each block's 16 bytes, low nibble = weight j, high = j + 16).
-    bits 8: qs [n, k], int8 (signed q, no min: Q8_0, Q5_0) or uint8 (q 0..63, with a min: the 5-, 6-, 3-
+    bits 6 (Q6_K): qs uint8 [n, k/32 * 24], per block those 16 bytes of q's low 4 bits, then 8 bytes of
+    its high 2 bits (byte 4p + t, bits 2i: weight 4 (p + 2i) + t).
+    bits 8: qs [n, k], int8 (signed q, no min: Q8_0, Q5_0) or uint8 (q 0..63, with a min: the 5-, 3-
     and 2-bit types). scale, minv: float32 [n, k/32 * halves]."""
 
     bits: int
@@ -73,7 +75,8 @@ class BlockWeight:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.qs.shape[0], self.qs.shape[1] * (2 if self.bits == 4 else 1)
+        n, width = self.qs.shape
+        return n, {4: width * 2, 6: width // 24 * BLOCK, 8: width}[self.bits]
 
     @property
     def halves(self) -> int:
@@ -96,8 +99,14 @@ class BlockWeight:
         n, k = self.shape
         if self.bits == 8:
             return self.qs.to(torch.int32)
-        packed = self.qs.view(n, k // BLOCK, BLOCK // 2)
-        return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k).to(torch.int32)
+        per_block = self.qs.view(n, k // BLOCK, -1)
+        low = torch.cat([per_block[..., :16] & 15, per_block[..., :16] >> 4], dim=-1).to(torch.int32)  # [n, nb, 32]
+        if self.bits == 4:
+            return low.view(n, k)
+        hi = per_block[..., 16:].view(n, -1, 1, 2, 4).to(torch.int32)  # [n, nb, 1, p, t]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32).view(1, 1, 4, 1, 1)
+        high = ((hi >> shifts) & 3).reshape(n, -1, BLOCK)  # [n, nb, i, p, t]: weight 8i + 4p + t
+        return (low | (high << 4)).view(n, k)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [n, k] matrix: scale * q + minv, each a float32 product and sum (as gguf computes)."""
@@ -158,18 +167,25 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
     signed = w.qs.dtype == torch.int8
     if (signed and w.minv is not None) or (w.bits == 8 and not signed and w.minv is None):
         raise ValueError("block weight: signed 8-bit q take no min, unsigned ones need one")
-    if halves == 2 and (w.bits != 8 or signed):
-        raise ValueError("block weight: scales per half block are read for unsigned 8-bit q only")
+    if halves == 2 and (w.bits == 4 or signed):
+        raise ValueError("block weight: scales per half block are read for unsigned 8-bit q and Q6_K's only")
     if w.bits == 8 and not signed and int(w.qs.max()) > 63:
         raise ValueError("block weight: unsigned 8-bit q must be at most 63 (AVX2's pair sums)")
 
     def panel_major(t: torch.Tensor | None, groups: int, width: int) -> torch.Tensor | None:
-        """[n, nb * groups * width] -> [P, nb, groups, 16, width] (nb: the tensor's own block count)."""
+        """[n, nb * groups * width] -> [P, nb, groups, 16, width] (nb: the tensor's own block count), in one
+        copy (the padding rows of the last panel zero)."""
         if t is None:
             return None
         blocks = t.shape[1] // (groups * width)
-        t = torch.cat([t.reshape(n, blocks, groups, width), t.new_zeros(pad, blocks, groups, width)])
-        return t.view(panels, PANEL, blocks, groups, width).permute(0, 2, 3, 1, 4).contiguous()
+        src = t.reshape(n, blocks, groups, width)
+        out = t.new_empty(panels, blocks, groups, PANEL, width)
+        whole = n // PANEL
+        out[:whole].copy_(src[: whole * PANEL].view(whole, PANEL, blocks, groups, width).permute(0, 2, 3, 1, 4))
+        if pad:
+            out[whole].zero_()
+            out[whole, :, :, : n - whole * PANEL].copy_(src[whole * PANEL :].permute(1, 2, 0, 3))
+        return out
 
     per_block = lambda t, per: None if t is None else panel_major(t, per, 1)[..., 0].contiguous()  # [P, b, per, 16]
     f = w.factors
@@ -177,12 +193,12 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
         sup = per_block(torch.stack([f.d, f.dmin], dim=2).reshape(n, -1).half(), 2)
         return PanelWeight(4, SUPER_BLOCKS, n, panel_major(w.qs, 4, 4), per_block(f.sc.to(torch.uint8), 1)[:, :, 0],
                            per_block(f.m.to(torch.uint8), 1)[:, :, 0].contiguous(), sup)
-    if f is not None and w.bits == 8 and halves == 2 and f.dmin is None:  # Q6_K: a 4-bit and a 2-bit plane
-        q = w.qs.view(n, nb, 32)
-        low = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)  # the 4-bit BlockWeight bytes [n, nb, 16]
-        hi = (q >> 4).view(n, nb, 4, 2, 4)  # [n, nb, i, p, t]: k = 4 (p + 2 i) + t
-        high = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)  # [n, nb, p, t]
-        qs = torch.cat([panel_major(low.reshape(n, -1), 4, 4), panel_major(high.reshape(n, -1), 2, 4)], dim=2)
+    if w.bits == 6:  # Q6_K: a 4-bit and a 2-bit plane
+        if f is None or f.dmin is not None or halves != 2:
+            raise ValueError("block weight: 6-bit q are Q6_K's, with its factors")
+        planes = w.qs.view(n, nb, 24)
+        low, high = planes[..., :16].reshape(n, -1), planes[..., 16:].reshape(n, -1)
+        qs = torch.cat([panel_major(low, 4, 4), panel_major(high, 2, 4)], dim=2)
         return PanelWeight(6, SUPER_BLOCKS | HALF_BLOCKS, n, qs.contiguous(), per_block(f.sc.to(torch.int8), 2),
                            None, per_block(f.d.half(), 1)[:, :, 0].contiguous())
     groups = 4 if w.bits == 4 else 8  # 64-byte vectors per block

@@ -57,12 +57,17 @@ def _high_bits(qh: np.ndarray, count: int) -> np.ndarray:
     return np.unpackbits(qh, axis=-1, bitorder="little")[..., :count]
 
 
-def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins [..., 12] -> sc, m [..., 8] (uint8)."""
+def _k_scale_min(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K / Q5_K's 12 bytes of 6-bit scales and mins [..., 12] (uint8) -> sc, m [..., 8] (uint8)."""
     d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    sc = torch.cat([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mn = torch.cat([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], dim=-1)
     return sc, mn
+
+
+def _t16(b: torch.Tensor) -> torch.Tensor:
+    """Little-endian fp16 from the last axis' 2 bytes (uint8 [..., 2]), as float32 [..., 1]."""
+    return b.contiguous().view(torch.float16).float()
 
 
 def _f32(a: np.ndarray, n: int) -> torch.Tensor:
@@ -128,38 +133,48 @@ def _q3_k(b: np.ndarray, n: int) -> BlockWeight:
 
 
 def _q4_k(b: np.ndarray, n: int) -> BlockWeight:
-    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
-    sc, m = _k_scale_min(b[..., 4:16])
+    t = torch.from_numpy(b)  # [n, nb, 144], torch for the byte shuffles (numpy is slow on short rows)
+    d, dmin = _t16(t[..., 0:2]), _t16(t[..., 2:4])  # [n, nb, 1]
+    sc, m = _k_scale_min(t[..., 4:16])
     # qs: 4 chunks of 32 bytes, low nibbles sub-block 2c, high nibbles 2c + 1; the 4-bit BlockWeight byte j
     # of a sub-block is q_j | q_{j+16} << 4, so each chunk's first and second 16 bytes interleave
-    chunks = b[..., 16:].reshape(n, -1, 4, 2, 16)
+    chunks = t[..., 16:].reshape(n, -1, 4, 2, 16)
     lo, hi = chunks[..., 0, :], chunks[..., 1, :]
-    qs = np.stack([(lo & 15) | ((hi & 15) << 4), (lo >> 4) | (hi & 0xF0)], axis=3)  # [n, nb, 4, 2, 16]
-    factors = KFactors(_f32(d, n), _i16(sc, n), _f32(dmin, n), _i16(m, n))
-    return BlockWeight(4, torch.from_numpy(qs.reshape(n, -1)), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n),
-                       factors)
+    qs = torch.stack([(lo & 15) | ((hi & 15) << 4), (lo >> 4) | (hi & 0xF0)], dim=3)  # [n, nb, 4, 2, 16]
+    factors = KFactors(d.reshape(n, -1), sc.reshape(n, -1).short(), dmin.reshape(n, -1), m.reshape(n, -1).short())
+    return BlockWeight(4, qs.reshape(n, -1), (d * sc).reshape(n, -1), (-(dmin * m)).reshape(n, -1), factors)
 
 
 def _q5_k(b: np.ndarray, n: int) -> BlockWeight:
-    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
-    sc, m = _k_scale_min(b[..., 4:16])
-    qh, qs = b[..., 16:48], b[..., 48:]
-    ql = (qs.reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
-    hi = (qh.reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
+    t = torch.from_numpy(b)  # [n, nb, 176]
+    d, dmin = _t16(t[..., 0:2]), _t16(t[..., 2:4])
+    sc, m = _k_scale_min(t[..., 4:16])
+    qh, qs = t[..., 16:48], t[..., 48:]
+    ql = (qs.reshape(n, -1, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 1, 2, 1)) & 15
+    hi = (qh.reshape(n, -1, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)) & 1
     q = ql.reshape(n, -1, 8, 32) | (hi << 4)
-    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(d * sc, n), _f32(-(dmin * m.astype(np.float32)), n))
+    return BlockWeight(8, q.reshape(n, -1), (d * sc).reshape(n, -1), (-(dmin * m)).reshape(n, -1))
 
 
 def _q6_k(b: np.ndarray, n: int) -> BlockWeight:
-    ql, qh = b[..., 0:128], b[..., 128:192]
-    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)  # [n, nb, 16]
-    d = _f16(b[..., 208:210])[..., None]
-    low = (ql.reshape(n, -1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 15
-    high = (qh.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3
-    q = low.reshape(n, -1, 8, 32) | (high.reshape(n, -1, 8, 32) << 4)  # 0..63, the value q - 32
-    dl = d * sc
-    factors = KFactors(_f32(d, n), _i16(sc, n))
-    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(dl, n), _f32(-32.0 * dl, n), factors)
+    t = torch.from_numpy(b)  # [n, nb, 210]
+    ql, qh = t[..., 0:128], t[..., 128:192]
+    sc = t[..., 192:208].contiguous().view(torch.int8)  # [n, nb, 16]
+    d = _t16(t[..., 208:210])  # [n, nb, 1]
+    # low 4 bits: weight 128 h + 64 nib + 32 jb + i is nibble nib of ql[64 h + 32 jb + i], so sub-block
+    # 4h + 2nib + jb's 4-bit BlockWeight bytes (q_i | q_{i+16} << 4) pair ql bytes i and i + 16
+    pairs = ql.reshape(n, -1, 2, 2, 2, 16)  # [n, nb, h, jb, i / 16, 16]
+    a, c = pairs[..., 0, :], pairs[..., 1, :]
+    low = torch.stack([(a & 15) | ((c & 15) << 4), (a >> 4) | (c & 0xF0)], dim=3)  # [n, nb, h, nib, jb, 16]
+    # high 2 bits: weight 128 h + 32 s + j is bits 2s of qh[32 h + j]; a block's byte 4p + t holds, in bits
+    # 2i, those of its weight 8i + 4p + t
+    hq = qh.reshape(n, -1, 2, 1, 4, 8)  # [n, nb, h, 1, i, 4p + t]
+    parts = (hq >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 1, 4, 1, 1)) & 3  # [n, nb, h, s, i, 8]
+    high = parts[..., 0, :] | (parts[..., 1, :] << 2) | (parts[..., 2, :] << 4) | (parts[..., 3, :] << 6)
+    qs = torch.cat([low.reshape(n, -1, 8, 16), high.reshape(n, -1, 8, 8)], dim=3)  # [n, nb256, 8, 24]
+    dl = (d * sc).reshape(n, -1)
+    factors = KFactors(d.reshape(n, -1), sc.reshape(n, -1).short())
+    return BlockWeight(6, qs.reshape(n, -1), dl, -32.0 * dl, factors)
 
 
 _K_READERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
