@@ -59,8 +59,8 @@ class EngineConfig:
     disable_cuda_graph: bool = False
     """Launch decode steps kernel by kernel instead of replaying captured CUDA graphs (GPU only)."""
     disable_block_kernels: bool = False
-    """Decode GGUF Q4_0/Q4_1/Q8_0 models through dense float32 copies of the weights instead of
-    float32 kernels reading the weights in their GGUF blocks (CPU, float32 only)."""
+    """Run a GGUF model on dense float32 copies of its matrices (dequantized at load: ~4 bytes a weight)
+    instead of the kernels that read them in their GGUF blocks (CPU, float32)."""
     wide_matmul_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """Matrix products of long prompt chunks (more tokens than the GGUF block kernel's row limit, which
     the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX):
