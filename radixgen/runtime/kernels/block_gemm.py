@@ -37,7 +37,6 @@ BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 SCALES_F32, UNSIGNED8, HALF_BLOCKS, SUPER_BLOCKS = 1, 2, 4, 8  # rg_block_weight's flags (csrc/block_format.h)
-SUPER = 8  # blocks of a K-quant super-block (256 weights)
 
 
 @dataclass
@@ -51,7 +50,7 @@ class KFactors:
     dmin: torch.Tensor | None = None  # [n, k/256]
     m: torch.Tensor | None = None  # [n, k/32] 0..63
 
-    def select(self, fn) -> KFactors:
+    def select(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> KFactors:
         """The factors with `fn` applied to each tensor (row selections, concatenations)."""
         return KFactors(*(None if t is None else fn(t) for t in (self.d, self.sc, self.dmin, self.m)))
 
@@ -125,8 +124,10 @@ class PanelWeight:
     of 16; in each block, 4 consecutive weights of the 16 rows form one 64-byte vector (see
     csrc/block_gemm.c). bits 4: qs uint8 [P, k/32, 4, 16, 4] (GGUF's block bytes: low nibble weight
     4g + t, high nibble 16 + 4g + t); bits 8: qs [P, k/32, 8, 16, 4]; scale, minv [P, k/32, halves, 16]
-    in float16 where every value is one exactly (GGUF's own fp16 scales), else float32. `flags`:
-    csrc/block_format.h's."""
+    in float16 where every value is one exactly (GGUF's own fp16 scales), else float32. K-quants in
+    their own bytes (SUPER_BLOCKS): Q4_K scale, minv uint8 sc, m [P, k/32, 16] and `sup` fp16 d, dmin
+    [P, k/256, 2, 16]; Q6_K (bits 6) qs [P, k/32, 6, 16, 4] (the 4-bit plane, then the 2-bit one), scale
+    int8 [P, k/32, 2, 16], no minv, `sup` fp16 d [P, k/256, 16]. `flags`: csrc/block_format.h's."""
 
     bits: int
     flags: int
