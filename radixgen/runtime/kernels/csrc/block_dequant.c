@@ -47,36 +47,46 @@ static void dequant_row(const dequant_job *j, int64_t r, float *dst) {
 #if defined(RG_AVX512)
 /* bfloat16 of 16 floats, rounded as rg_float_to_bf16 (to nearest even; NaN stays a quiet NaN). */
 static inline __m256i to_bf16(__m512 x) {
+#if defined(RG_AVX512BF16)
+    return (__m256i)_mm512_cvtneps_pbh(x);
+#else
     const __m512i u = _mm512_castps_si512(x);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
     return _mm512_cvtepi32_epi16(r);
+#endif
 }
 
 /* Rows 16p .. 16p + nvalid - 1 of panel v into out [., k] (its row 16p first), float32 or bfloat16, a
  * block at a time: each of its 8 weight vectors (4 k of 16 rows) in 4 parts of 4 rows x 4 k, scaled by
- * those rows' own scales and mins (permuted into place); a multiply then an add, as the scalar path. */
+ * those rows' own scales and mins (permuted into place once a block); a multiply then an add, as the
+ * scalar path. */
 static void dequant_panel(int fmt, const rg_panel *v, int64_t nb, int64_t k, int64_t nvalid, void *out,
                           int out_dtype) {
-    const int halves = FMT_HALVES(fmt);
+    const int halves = FMT_HALVES(fmt), parts = nvalid < 16 ? (int)((nvalid + 3) / 4) : 4;
     const __m512i lane_row = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
     for (int64_t b = 0; b < nb; b++) {
-        __m512 d[2], m[2];
+        __m512 d[2], m[2], dp[2][4], mp[2][4];  /* dp[h][j]: lane 4r + t holds row 4j + r's scale */
         scales16(fmt, v, b, d, m);
+        for (int h = 0; h < halves; h++)
+            for (int j = 0; j < 4; j++) {
+                const __m512i rows = _mm512_add_epi32(lane_row, _mm512_set1_epi32(4 * j));
+                dp[h][j] = _mm512_permutexvar_ps(rows, d[h]);
+                mp[h][j] = FMT_HAS_MIN(fmt) ? _mm512_permutexvar_ps(rows, m[h]) : _mm512_setzero_ps();
+            }
         __m512i w[8];
         weights16(fmt, v->qs + b * FMT_BLOCK_BYTES(fmt), w);
         for (int g = 0; g < 8; g++) {
             const int h = halves == 2 ? g / 4 : 0;
-            __m128i parts[4] = {_mm512_extracti32x4_epi32(w[g], 0), _mm512_extracti32x4_epi32(w[g], 1),
-                                _mm512_extracti32x4_epi32(w[g], 2), _mm512_extracti32x4_epi32(w[g], 3)};
-            for (int j = 0; j < 4 && 4 * j < nvalid; j++) {  /* rows 4j .. 4j + 3; lane 4r + t: row 4j + r, k 4g + t */
-                __m512i qi = _mm512_cvtepu8_epi32(parts[j]);
+            const __m128i part[4] = {_mm512_extracti32x4_epi32(w[g], 0), _mm512_extracti32x4_epi32(w[g], 1),
+                                     _mm512_extracti32x4_epi32(w[g], 2), _mm512_extracti32x4_epi32(w[g], 3)};
+            for (int j = 0; j < parts; j++) {  /* rows 4j .. 4j + 3; lane 4r + t: row 4j + r, k 4g + t */
+                __m512i qi = _mm512_cvtepu8_epi32(part[j]);
                 if (fmt == FMT_I8H) qi = _mm512_sub_epi32(qi, _mm512_set1_epi32(128));
-                const __m512i rows = _mm512_add_epi32(lane_row, _mm512_set1_epi32(4 * j));
-                __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), _mm512_permutexvar_ps(rows, d[h]));
-                if (FMT_HAS_MIN(fmt)) x = _mm512_add_ps(x, _mm512_permutexvar_ps(rows, m[h]));
+                __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(qi), dp[h][j]);
+                if (FMT_HAS_MIN(fmt)) x = _mm512_add_ps(x, mp[h][j]);
                 const int64_t at = 4 * j * k + b * 32 + 4 * g;
                 const int count = nvalid - 4 * j < 4 ? (int)(nvalid - 4 * j) : 4;
                 if (out_dtype == 0) {
@@ -92,10 +102,7 @@ static void dequant_panel(int fmt, const rg_panel *v, int64_t nb, int64_t k, int
         }
     }
 }
-#endif
 
-#if defined(RG_AVX512)
-/* Panels first + [begin, end) of a dequantization of whole panels (rows from rows[0] = 16 first on). */
 static void dequant_panels(void *job, int64_t begin, int64_t end, int tid) {
     const dequant_job *j = (const dequant_job *)job;
     const int64_t nb = j->k / QK, first = j->rows[0] / NR, elem = j->out_dtype == 0 ? 4 : 2;
