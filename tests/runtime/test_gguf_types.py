@@ -79,3 +79,33 @@ def test_disabled_block_kernels_run_dense(tmp_path):
 
     torch.testing.assert_close(Seq(runner).extend(ids.tolist(), all_logits=True),
                                Seq(blocks).extend(ids.tolist(), all_logits=True), atol=2e-3, rtol=0)
+
+
+def test_bad_files_are_refused_with_what_is_wrong(tmp_path):
+    """A type no kernel reads, a truncated file and a file that is no GGUF: each a ValueError naming
+    the file and the problem, raised before any weight is read."""
+    import gguf
+    import numpy as np
+
+    path = write_tiny_gguf(tmp_path / "ok.gguf", {}, "Q4_0")
+    writer = gguf.GGUFWriter(tmp_path / "iq.gguf", "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 18 * 8), np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ4_NL)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    from radixgen.runtime.models.gguf_file import read_header
+    from radixgen.runtime.models.loader import GGUFCheckpoint, gguf_config
+
+    header = read_header(tmp_path / "iq.gguf")
+    ok = read_header(path)
+    with pytest.raises(ValueError, match=r"unsupported GGUF type IQ4_NL in tensor 'token_embd.weight' of iq.gguf"):
+        GGUFCheckpoint(tmp_path / "iq.gguf", header, gguf_config(ok))
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(path.read_bytes()[:-1000])
+    with pytest.raises(ValueError, match="cut.gguf ends inside tensor"):
+        _runner(truncated)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model" * 10)
+    with pytest.raises(ValueError, match="junk.gguf is not a GGUF file"):
+        _runner(junk)
