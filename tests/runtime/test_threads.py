@@ -10,7 +10,7 @@ import torch
 
 from radixgen.runtime.engine import Engine
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.executor.worker import attention_share
+from radixgen.runtime.executor.step_plan import attention_share
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.threads import on_short_lived_thread, serial_torch_on_this_thread
 

@@ -16,6 +16,7 @@ from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per_token, plan_kv
+from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
@@ -116,12 +117,18 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
 
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
-        """Run one step; returns float32 logits [len(fb.logits_indices), V]."""
+    def plan(self, fb: ForwardBatch) -> StepPlan:
+        """How step `fb` runs (executor/step_plan.py)."""
+        return plan_step(fb, self.model_config, self.model.one_call_rows, self.model.long_extend_min)
+
+    def forward(self, fb: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
+        """Run one step (as `plan` says; default: `self.plan(fb)`); returns float32 logits
+        [len(fb.logits_indices), V]."""
         self.req_to_token_pool.apply(fb.table_update)
         if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
             return self.decode_graphs.forward(fb)
-        return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention)
+        return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention,
+                          plan=plan or self.plan(fb))
 
     def close(self) -> None:
         """Release what outlives the engine's threads (nothing in one process; the ranks under TP)."""

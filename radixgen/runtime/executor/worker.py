@@ -28,10 +28,8 @@ import torch
 
 from radixgen.common.transfer import to_device
 from radixgen.runtime.config import EngineConfig
-from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.executor.sampling_rows import SamplingRows
-from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.threads import torch_threads_on_this_thread
 from radixgen.sampling.sampler import Sampler
@@ -40,30 +38,6 @@ from radixgen.sampling.torch_ops import SamplingBatch
 
 def _top_list(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[float, int]]]:
     return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
-
-
-# Attention's share of a step's multiply-adds up to which its torch ops run serially: prefill attention
-# (torch SDPA) then runs on one thread, and the C kernels on all (SmolLM2 on 2 cores, serial / parallel
-# prefill tok/s: 256 tokens (share 4%) 1052-1175 / 774-868, 512 (8%) 966-997 / 883-918, 1024 (14%)
-# 831-890 / 962-974, 2048 (25%) 618 / 738-819).
-SERIAL_ATTENTION_SHARE = 0.1
-
-
-def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
-    """Attention's share of the step's multiply-adds: each new token's query against its keys (the
-    scores and the weighted values), against the per-token matrices (QKV, output, MLP)."""
-    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(fb.prefix_lens, fb.extend_lens, strict=True))
-    attention = 2 * pairs * cfg.num_heads * cfg.head_dim
-    q_kv_o = cfg.hidden_size * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    matrices = sum(fb.extend_lens) * (q_kv_o + 3 * cfg.hidden_size * cfg.intermediate_size)
-    return attention / (attention + matrices)
-
-
-def serial_torch(fb: ForwardBatch, cfg: ModelConfig, matrices_in_c: bool) -> bool:
-    """Whether the step's torch ops run serially: steps whose matrices all run in the C kernels
-    (`matrices_in_c`; otherwise some are oneDNN GEMMs, which need the team) that are decode steps
-    (their attention runs in C too) or whose attention is a small share."""
-    return matrices_in_c and (fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE)
 
 
 @dataclass
@@ -86,15 +60,14 @@ class ModelWorker:
         self.eos_token_ids = sorted(eos_token_ids)
         self.sampler = Sampler(config.sampling_backend, runner.device)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
-        decode_in_c = runner.model.decode_in_c
         # rows up to which a pure-decode step keeps the one-call C path (None: the model has none); the
         # speculator keeps verifying steps within it
-        self.fast_decode_rows: int | None = decode_in_c.max_rows if decode_in_c is not None else None
-        # On a model whose matrices run in the C kernels (`LlamaModel.matrices_in_c`: up to
-        # `block_rows_limit()` rows on the vector paths, any number on AMX or in a step without a long
-        # chunk where those take bfloat16 GEMMs), a step's torch ops (sampling on [B, V] logits, residual adds,
-        # prefill attention) run serially on this thread unless attention is a large share of the step
-        # (`serial_torch`). Run in parallel, each left torch's OpenMP worker spinning for the rest of the
+        self.fast_decode_rows: int | None = runner.model.one_call_rows
+        # On a model whose matrices run in the C kernels (up to `block_rows_limit()` rows on the vector
+        # paths, any number on AMX or in a step without a long chunk where those take bfloat16 GEMMs), a
+        # step's torch ops (sampling on [B, V] logits, residual adds, prefill attention) run serially on
+        # this thread unless attention is a large share of the step (`StepPlan.serial_torch`,
+        # executor/step_plan.py). Run in parallel, each left torch's OpenMP worker spinning for the rest of the
         # step on the core the C kernels' worker needs: the kernel pool then mostly ran alone (SmolLM2
         # batch 16 on 2 cores: 36-41 ms a step before, 34-37 ms after; 31-34 ms with
         # OMP_WAIT_POLICY=PASSIVE). Other steps run matrices as oneDNN GEMMs, which need the team:
@@ -161,10 +134,10 @@ class ModelWorker:
             else:
                 prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
                 fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
-        serial = serial_torch(fb, self.runner.model_config, self.runner.model.matrices_in_c(fb.extend_lens))
-        self._set_torch_threads(1 if serial else self._torch_threads)
+        plan = self.runner.plan(fb)
+        self._set_torch_threads(1 if plan.serial_torch else self._torch_threads)
         start = time.perf_counter()
-        logits = self.runner.forward(fb)
+        logits = self.runner.forward(fb, plan)
         self.busy_seconds += time.perf_counter() - start
         return logits
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
+from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit, concat_rows, pack_panels
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
@@ -36,7 +37,6 @@ from radixgen.runtime.layers.linear import (
     Linear,
     Runs,
     StoredLinear,
-    long_extend_runs,
     pack,
 )
 from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
@@ -187,15 +187,10 @@ class LlamaModel(nn.Module):
         limit = None if self.long_extend_min is not None else block_rows_limit()
         self.decode_in_c = DecodeLayers(weights, dims, limit or sys.maxsize)
 
-    def matrices_in_c(self, extend_lens: list[int]) -> bool:
-        """Whether every matrix row of a step whose requests extend by `extend_lens` runs in the C block
-        kernel (a model with the one-call C decode): up to its row limit, at any number of rows on AMX,
-        and where long chunks take bfloat16 GEMMs, in any step without one."""
-        if self.decode_in_c is None:
-            return False
-        if self.long_extend_min is not None:
-            return all(n <= self.long_extend_min for n in extend_lens)
-        return sum(extend_lens) <= self.decode_in_c.max_rows
+    @property
+    def one_call_rows(self) -> int | None:
+        """Most rows of a pure-decode step that run all layers in one C call (None: no such path)."""
+        return None if self.decode_in_c is None else self.decode_in_c.max_rows
 
     @torch.inference_mode()
     def forward(
@@ -205,20 +200,21 @@ class LlamaModel(nn.Module):
         req_to_token: torch.Tensor,
         backend: AttentionBackend,
         meta: object | None = None,
+        plan: StepPlan | None = None,
     ) -> torch.Tensor:
         """Logits [L, V] (float32) of `fb.logits_indices`; `meta`: prebuilt attention metadata
-        (a CUDA graph's static one), else built from `fb`."""
+        (a CUDA graph's static one), else built from `fb`; `plan`: how the step runs (default: from `fb`)."""
         if meta is None:
             meta = backend.init_metadata(fb, req_to_token)
+        if plan is None:
+            plan = plan_step(fb, self.config, self.one_call_rows, self.long_extend_min)
         h = embed_lookup(self.embed, fb.input_ids, self.tp)  # [T, hidden]
-        call = backend.decode_step(meta) if self.decode_in_c is not None else None
-        if call is not None and h.shape[0] <= self.decode_in_c.max_rows:
+        call = backend.decode_step(meta) if plan.one_call else None
+        if call is not None:
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
                                  call.req_rows, call.seq_lens, call.shared)
         else:
-            long = self.long_extend_min
-            wide = () if long is None else long_extend_runs(fb.extend_lens, long)
-            ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=wide)
+            ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=plan.wide)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
             for layer in self.layers:
