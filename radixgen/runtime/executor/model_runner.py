@@ -24,7 +24,7 @@ from radixgen.runtime.layers.attention import get_attention_backend
 from radixgen.runtime.layers.linear import can_pack, can_use_blocks
 from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
-from radixgen.runtime.models.llama import LlamaModel
+from radixgen.runtime.models.llama import LlamaModel, RunSetup
 from radixgen.runtime.models.loader import open_checkpoint
 from radixgen.runtime.models.resolve import resolve_model_path
 
@@ -80,18 +80,17 @@ class ModelRunner:
         self.model.rotary.float()  # keep cos/sin tables in fp32
         has_blocks = self.model.block_weight_count > 0
         wide = wide_matmul_dtype(config.wide_matmul_dtype) if has_blocks else torch.float32
-        self.model.specialize(pack_dense=can_pack(self.device, self.dtype),
-                              c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide)
-        if self.attention.name == "triton":
-            self.model.use_triton_rope()
-        logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
-                    model_config.num_layers, model_config.vocab_size)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
             self.memory.kv_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.kv_dtype, self.device
         )
-        self.model.bind_kv_pool(self.token_to_kv_pool)
+        setup = RunSetup(pack_dense=can_pack(self.device, self.dtype),
+                         c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide,
+                         triton_rope=self.attention.name == "triton")
+        self.model.prepare(setup, self.token_to_kv_pool)
+        logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
+                    model_config.num_layers, model_config.vocab_size)
         self.decode_graphs: DecodeGraphRunner | None = None
         if (self.device.type == "cuda" and tp is None and self.attention.supports_cuda_graph
                 and not config.disable_cuda_graph):

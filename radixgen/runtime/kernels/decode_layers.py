@@ -5,7 +5,7 @@ them from Python: ~12 ctypes calls a layer, each 5-10 us of argument checks, ten
 GIL traffic, 2-4 ms of a SmolLM2 decode step (9 ms at batch 1). `decode_layers` runs the same kernels
 in the same order, so its result is bitwise the per-op path's. It takes an array of every layer's
 weight and KV-buffer pointers (`rg_layer` structs, built once per KV pool) and one `rg_decode_step`.
-The model assembles the layers (`LlamaModel.bind_kv_pool`); this module knows no model.
+The model assembles the layers (`LlamaModel.prepare`); this module knows no model.
 """
 
 from __future__ import annotations

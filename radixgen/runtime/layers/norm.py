@@ -21,7 +21,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
-        self.in_c = False  # set by `use_c_kernels`
+        self.in_c = False  # set by `DecoderLayer.use_c_kernels` (LlamaModel.prepare)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.in_c:
@@ -41,7 +41,7 @@ class SiluAndMul(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.in_c = False  # set by `use_c_kernels`
+        self.in_c = False  # set by `DecoderLayer.use_c_kernels` (LlamaModel.prepare)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.in_c:

@@ -7,7 +7,7 @@ K/V read and written through the TokenToKVPool. q/k/v and gate/up projections ar
 matrix each. `load_weights` reads each matrix into its representation: the GGUF blocks themselves
 (BlockLinear; the embedding table too) on a float32 CPU, else a plain tensor; `specialize` then
 packs the plain ones for oneDNN, sets how the block matrices take wide steps and turns on the C
-per-token ops, and `bind_kv_pool` sets up the one-call C decode step where it applies.
+per-token ops, and sets up the one-call C decode step where it applies (`prepare`, with a `RunSetup`).
 
 Under tensor parallelism (`tp`) each rank builds the same model over its shard (`sharding.py`): its
 query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
@@ -18,6 +18,7 @@ all-reduces between layers cannot happen inside one C call); every other path is
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -108,6 +109,16 @@ def layer_matrices(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, s
     }
 
 
+@dataclass(frozen=True)
+class RunSetup:
+    """How a loaded model runs on its device, decided once by its ModelRunner."""
+
+    pack_dense: bool  # plain matrices reordered for oneDNN
+    c_kernels: bool  # per-token ops (norms, SiLU * up, rotary + K/V store) in C
+    wide_dtype: torch.dtype = torch.float32  # the block matrices' wide GEMMs (bfloat16: long extends' rows only)
+    triton_rope: bool = False  # rotary + K/V store in one Triton launch (the Triton attention backend)
+
+
 class LlamaModel(nn.Module):
     """Decoder-only transformer; `forward` returns logits for `fb.logits_indices` rows."""
 
@@ -127,11 +138,19 @@ class LlamaModel(nn.Module):
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
         self.long_extend_min: int | None = None  # extends longer than this take lower-precision fallbacks
 
-    def specialize(self, pack_dense: bool, c_kernels: bool, wide_dtype: torch.dtype = torch.float32) -> None:
-        """Pick the representations to run in (once, after loading): plain matrices packed for oneDNN
-        (`pack_dense`); block matrices' wide steps (past `block_rows_limit()` rows, none on AMX) on
-        dequantized slices in `wide_dtype`, a lower precision taking the rows of long extends only (the
-        head, outside those, keeps every row in the block kernel); C per-token ops."""
+    def prepare(self, setup: RunSetup, pool: TokenToKVPool) -> None:
+        """Set the loaded model up to run (once, after `load_weights` and the move to the device): the
+        representations and paths of `setup`, then the one-call C decode over `pool` where it applies."""
+        self._specialize(setup.pack_dense, setup.c_kernels, setup.wide_dtype)
+        if setup.triton_rope:
+            self._use_triton_rope()
+        self._bind_kv_pool(pool)
+
+    def _specialize(self, pack_dense: bool, c_kernels: bool, wide_dtype: torch.dtype) -> None:
+        """Plain matrices packed for oneDNN (`pack_dense`); block matrices' wide steps (past
+        `block_rows_limit()` rows, none on AMX) on dequantized slices in `wide_dtype`, a lower precision
+        taking the rows of long extends only (the head, outside those, keeps every row in the block
+        kernel); C per-token ops."""
         limit = block_rows_limit()
         lower = wide_dtype != torch.float32
         for m in self.modules():
@@ -153,7 +172,7 @@ class LlamaModel(nn.Module):
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
             self.long_extend_min = limit
 
-    def use_triton_rope(self) -> None:
+    def _use_triton_rope(self) -> None:
         """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch
         (`kernels/triton_rope.py`) instead of C or torch ops, where no q/k norm comes between."""
         from radixgen.runtime.kernels import triton_rope  # lazy: triton
@@ -167,7 +186,7 @@ class LlamaModel(nn.Module):
         """How many matrices run on GGUF blocks (layers' fused matrices plus the head)."""
         return sum(isinstance(m, BlockLinear) for m in self.modules())
 
-    def bind_kv_pool(self, pool: TokenToKVPool) -> None:
+    def _bind_kv_pool(self, pool: TokenToKVPool) -> None:
         """Set up the one-call C decode step over `pool` where it applies: a CPU pool of a KV dtype the
         kernels read and every layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
         self.decode_in_c = None

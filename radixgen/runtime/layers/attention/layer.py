@@ -48,7 +48,7 @@ class Attention(nn.Module):
         self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.rope_in_c = False  # set by `use_c_kernels` where it applies
-        self.triton_rope: Callable[..., None] | None = None  # Triton's rope_store, set by `use_triton_rope`
+        self.triton_rope: Callable[..., None] | None = None  # Triton's rope_store (LlamaModel.prepare)
 
     @property
     def can_fuse_rope(self) -> bool:
