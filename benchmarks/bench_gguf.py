@@ -26,6 +26,7 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,19 +88,6 @@ def llama_cpp(binary: str, path: str, new_tokens: int) -> dict:
     return {"prefill_256": pick("n_prompt"), "decode_b1": pick("n_gen")}
 
 
-def read_bandwidth_gbs() -> float:
-    """GB/s of summing a 1 GiB float32 tensor (best of 3), the machine's streaming read rate."""
-    import torch
-
-    x = torch.ones(1 << 28)
-    best = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - t) / 1e9)
-    return best
-
-
 def bf16_gemm_gflops() -> float:
     """GFLOP/s of a [256, 4096] x [4096, 4096] bfloat16 GEMM (best of 3): the wide steps' GEMM rate."""
     import torch
@@ -133,6 +121,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_decode import read_bandwidth_gbs  # the same measurement as bench_decode's summary
+
     bandwidth, gflops = read_bandwidth_gbs(), bf16_gemm_gflops()
     print(json.dumps({"read_bandwidth_gbs": round(bandwidth, 1), "bf16_gemm_gflops": round(gflops, 1)}), flush=True)
     for path in args.gguf:

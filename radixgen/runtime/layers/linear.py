@@ -97,13 +97,14 @@ _slices = threading.local()
 
 def _slice_buffer(rows: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     """This thread's reusable [rows, k] buffer of `dtype` for a dequantized weight slice."""
-    buf = getattr(_slices, "buf", {}).get(dtype)
+    buffers: dict[torch.dtype, torch.Tensor] = _slices.__dict__.setdefault("buffers", {})
+    buf = buffers.get(dtype)
     if buf is None or buf.numel() < rows * k:
-        _slices.buf = {**getattr(_slices, "buf", {}), dtype: (buf := torch.empty(rows * k, dtype=dtype))}
+        buf = buffers[dtype] = torch.empty(rows * k, dtype=dtype)
     return buf[: rows * k].view(rows, k)
 
 
-def slice_rows(n: int, k: int, dtype: torch.dtype) -> int:
+def slice_rows(k: int, dtype: torch.dtype) -> int:
     """Weight rows a wide GEMM dequantizes at a time: SLICE_BYTES' worth, a multiple of 16, at least 16."""
     return max(16, SLICE_BYTES // (k * dtype.itemsize) // 16 * 16)
 
@@ -116,7 +117,7 @@ def wide_linear(x: torch.Tensor, weight_rows: Callable[[int, int, torch.Tensor],
     m, k = x.shape
     y = torch.empty((m, n), dtype=torch.float32) if out is None else out
     xd = x if x.dtype == dtype else x.to(dtype)
-    step = slice_rows(n, k, dtype)
+    step = slice_rows(k, dtype)
     for start in range(0, n, step):
         end = min(n, start + step)
         w = weight_rows(start, end, _slice_buffer(end - start, k, dtype))  # [end - start, k]
