@@ -20,6 +20,7 @@ from radixgen.runtime.distributed.launch import RankLayout, RankProcesses, free_
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per_token, plan_kv
 from radixgen.runtime.executor.model_runner import DTYPES, KV_DTYPES, ModelRunner
+from radixgen.runtime.executor.step_plan import StepPlan
 from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.loader import Checkpoint, open_checkpoint
@@ -79,12 +80,12 @@ class TPModelRunner(ModelRunner):
         logger.info("tensor parallel: %d ranks (%d nodes) at %s, local ranks %s", config.tp_size, config.nnodes,
                     self.addr, self.ranks.pids)
 
-    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+    def forward(self, fb: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         if self.failed is not None:
             raise TensorParallelError(self.failed)
         try:
             self.group.send_batch(fb)
-            return super().forward(fb)
+            return super().forward(fb, plan)
         except Exception as e:
             gone = self.ranks.failure(wait=1.0)
             self.failed = (f"{gone or f'a tensor-parallel step failed ({e})'}: the tensor-parallel group cannot "
