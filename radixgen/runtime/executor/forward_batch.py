@@ -28,6 +28,8 @@ class ForwardBatch:
     has_placeholders: bool = False  # some input ids are -(i + 1): the i-th token the previous step samples
     all_placeholders: bool = False  # input id j is -(j + 1) for every j: the previous step's samples, in order
     table_update: TableUpdate | None = None  # req_to_token writes to apply on the device first
+    hidden_indices: torch.Tensor | None = None  # [H] int64 rows whose final hidden states are wanted (embeddings)
+    hidden_out: torch.Tensor | None = None  # [H, hidden] float32: the final norm's output there, set by the forward
 
     @property
     def batch_size(self) -> int:
@@ -50,19 +52,23 @@ def make_forward_batch(
     logits_rows: list[list[int]] | None = None,
     device: torch.device | str = "cpu",
     table_update: TableUpdate | None = None,
+    hidden_rows: list[list[int]] | None = None,
 ) -> ForwardBatch:
     """Build a ForwardBatch from per-request new tokens.
 
     `logits_rows[i]` lists the offsets (within request i's new tokens) whose logits are wanted;
-    default: the last new token of each request.
+    default: the last new token of each request. `hidden_rows[i]` likewise lists those whose final
+    hidden states are wanted (embedding requests; default: none).
     """
     extend_lens = [len(t) for t in new_tokens]
     flat = [tok for toks in new_tokens for tok in toks]
     positions = [p + j for p, e in zip(prefix_lens, extend_lens, strict=True) for j in range(e)]
-    rows, start = [], 0
+    rows, hidden, start = [], [], 0
     for i, e in enumerate(extend_lens):
         wanted = logits_rows[i] if logits_rows is not None else [e - 1]
         rows.extend(start + j for j in wanted)
+        if hidden_rows is not None:
+            hidden.extend(start + j for j in hidden_rows[i])
         start += e
     t, b = len(flat), len(extend_lens)
     host = torch.tensor(flat + positions + req_pool_indices + rows, dtype=torch.int64)  # [2T + B + L]
@@ -79,4 +85,5 @@ def make_forward_batch(
         has_placeholders=any(tok < 0 for tok in flat),
         all_placeholders=flat == list(range(-1, -t - 1, -1)),
         table_update=table_update,
+        hidden_indices=to_device(torch.tensor(hidden, dtype=torch.int64), torch.device(device)) if hidden else None,
     )

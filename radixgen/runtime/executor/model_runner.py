@@ -122,9 +122,9 @@ class ModelRunner:
 
     def forward(self, fb: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         """Run one step (as `plan` says; default: `self.plan(fb)`); returns float32 logits
-        [len(fb.logits_indices), V]."""
+        [len(fb.logits_indices), V] (and sets `fb.hidden_out` where `fb.hidden_indices` asks for it)."""
         self.req_to_token_pool.apply(fb.table_update)
-        if self.decode_graphs is not None and self.decode_graphs.can_run(fb):
+        if self.decode_graphs is not None and fb.hidden_indices is None and self.decode_graphs.can_run(fb):
             return self.decode_graphs.forward(fb)
         return self.model(fb, self.token_to_kv_pool, self.req_to_token_pool.device_table, self.attention,
                           plan=plan or self.plan(fb))

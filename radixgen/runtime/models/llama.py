@@ -221,8 +221,9 @@ class LlamaModel(nn.Module):
         meta: object | None = None,
         plan: StepPlan | None = None,
     ) -> torch.Tensor:
-        """Logits [L, V] (float32) of `fb.logits_indices`; `meta`: prebuilt attention metadata
-        (a CUDA graph's static one), else built from `fb`; `plan`: how the step runs (default: from `fb`)."""
+        """Logits [L, V] (float32) of `fb.logits_indices` (and, where `fb.hidden_indices` is set, the final
+        norm's output at those rows into `fb.hidden_out`); `meta`: prebuilt attention metadata (a CUDA
+        graph's static one), else built from `fb`; `plan`: how the step runs (default: from `fb`)."""
         if meta is None:
             meta = backend.init_metadata(fb, req_to_token)
         if plan is None:
@@ -238,6 +239,8 @@ class LlamaModel(nn.Module):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
             for layer in self.layers:
                 h = layer(h, ctx)
+        if fb.hidden_indices is not None:  # embedding rows: the final norm's output, kept for the caller
+            fb.hidden_out = self.norm(h.index_select(0, fb.hidden_indices)).float()  # [H, hidden]
         if not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):  # a decode's rows are its logits rows
             h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         return self.lm_head(self.norm(h)).float()  # [L, V]
