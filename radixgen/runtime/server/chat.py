@@ -147,6 +147,14 @@ class ChatOutput(Output):
 
 
 async def create_chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request) -> Response:
+    plan, out = await plan_chat(state, req)
+    return await respond(state, request, plan, out)
+
+
+async def plan_chat(state: ServerState, req: ChatCompletionRequest) -> tuple[Plan, ChatOutput]:
+    """The engine work of a chat request (its prompt, sampling params and constraint) and the output
+    that turns its engine chunks into chat deltas; bad input raises a 400 APIError. The Responses
+    endpoint (responses.py) runs its requests through this too."""
     state.check_model(req.model)
     tools = tool_setup(state, req)
     messages, tool_specs = build_messages(state, req, tools)
@@ -166,5 +174,4 @@ async def create_chat_completion(state: ServerState, req: ChatCompletionRequest,
         raise bad_request(f"top_logprobs must be in [0, 20], got {top}", "top_logprobs")
     plan = Plan(expand([ids], sp, req.n), dict(return_logprob=req.logprobs, top_logprobs_num=top), cparam,
                 req.stream, bool(req.stream_options and req.stream_options.include_usage))
-    out = ChatOutput(state, choice_parsers(state, tools, reasoning, req.n), req.logprobs)
-    return await respond(state, request, plan, out)
+    return plan, ChatOutput(state, choice_parsers(state, tools, reasoning, req.n), req.logprobs)

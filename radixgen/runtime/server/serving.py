@@ -11,6 +11,7 @@ events for any split of the text, so both ways answer alike.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from radixgen.runtime.server.protocol import Usage
+from radixgen.runtime.server.protocol import APIError, Usage
 from radixgen.runtime.server.state import ServerState, abort_error
 from radixgen.runtime.server.streams import SSE_DONE, SSEResponse, merge_streams, sse
 
@@ -124,38 +125,68 @@ class Progress:
 async def respond(state: ServerState, request: Request, plan: Plan, out: Output) -> Response:
     """Run `plan` on the engine and answer with `out`, as SSE when `plan.stream`, else as JSON."""
     if plan.stream:
-        return await _stream(state, request, plan, out)
+        items = await open_deltas(state, request, plan, out)
+        return SSEResponse(_sse(out, items))
+    deltas, metas, usage = await run(state, request, plan, out)
+    return JSONResponse(out.response(deltas, metas, usage).model_dump(exclude_none=True))
+
+
+async def run(state: ServerState, request: Request | None, plan: Plan, out: Output
+              ) -> tuple[list[list[Any]], list[dict], Usage]:
+    """Run `plan` without streaming: every choice's deltas (opening first), its final meta_info, and
+    the usage. `request` None: work no client waits on (it is not cancelled by a disconnect)."""
     result = await state.generate(request, plan.constraint_param, input_ids=[s.input_ids for s in plan.seqs],
                                   sampling_params=[s.sampling_params for s in plan.seqs], **plan.options)
     progress = Progress(plan)
     deltas = [[*out.opening(i), *out.step(i, chunk, progress.take(i, chunk))] for i, chunk in enumerate(result)]
-    answer = out.response(deltas, [c["meta_info"] for c in result], progress.usage())
-    return JSONResponse(answer.model_dump(exclude_none=True))
+    return deltas, [c["meta_info"] for c in result], progress.usage()
 
 
-async def _stream(state: ServerState, request: Request, plan: Plan, out: Output) -> Response:
+Streamed = list[Any] | Usage | APIError  # what a streamed run yields
+
+
+async def open_deltas(state: ServerState, request: Request | None, plan: Plan, out: Output
+                      ) -> AsyncIterator[Streamed]:
+    """Start `plan`'s streams (input errors raise here, before anything is sent) and return an iterator
+    of: the choices' opening deltas, then each engine chunk's deltas as they come, then the usage if
+    `plan.include_usage`; or, where the engine aborts a choice midway, its APIError last."""
     for ids, count in Counter(tuple(s.input_ids) for s in plan.seqs).items():
         if count > 1:
             await state.precache(list(ids))  # the choices of one prompt share its KV
     streams = await state.open_streams(
         request, [dict(plan.options, input_ids=s.input_ids, sampling_params=s.sampling_params) for s in plan.seqs],
         plan.constraint_param)
+    return _deltas(plan, out, streams)
 
-    async def events() -> AsyncIterator[bytes]:
-        progress = Progress(plan)
-        opening = b"".join(sse(out.chunk([d])) for i in range(len(plan.seqs)) for d in out.opening(i))
-        if opening:
-            yield opening
-        async for i, chunk in merge_streams(streams):
+
+async def _deltas(plan: Plan, out: Output, streams: list[tuple[dict, AsyncIterator[dict]]]
+                  ) -> AsyncIterator[Streamed]:
+    progress = Progress(plan)
+    opening = [d for i in range(len(plan.seqs)) for d in out.opening(i)]
+    if opening:
+        yield opening
+    async with contextlib.aclosing(merge_streams(streams)) as merged:
+        async for i, chunk in merged:
             fr = chunk["meta_info"]["finish_reason"]
             if fr is not None and fr["type"] == "abort":
-                yield sse(abort_error(fr).body())
+                yield abort_error(fr)
                 return
-            events = b"".join(sse(out.chunk([d])) for d in out.step(i, chunk, progress.take(i, chunk)))
-            if events:  # one write per engine chunk
-                yield events
-        if plan.include_usage and progress.done:
-            yield sse(out.chunk([], progress.usage()))
-        yield SSE_DONE
+            deltas = out.step(i, chunk, progress.take(i, chunk))
+            if deltas:
+                yield deltas
+    if plan.include_usage and progress.done:
+        yield progress.usage()
 
-    return SSEResponse(events())
+
+async def _sse(out: Output, items: AsyncIterator[Streamed]) -> AsyncIterator[bytes]:
+    """Chat / completions SSE: one write per engine chunk, `data: [DONE]` last."""
+    async with contextlib.aclosing(items):
+        async for item in items:
+            if isinstance(item, APIError):
+                yield sse(item.body())
+                return
+            if isinstance(item, Usage):
+                yield sse(out.chunk([], item))
+            else:
+                yield b"".join(sse(out.chunk([d])) for d in item)
+    yield SSE_DONE

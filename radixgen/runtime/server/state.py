@@ -87,10 +87,11 @@ class ServerState:
         """Prompt ids, refused early when the text must be over the prompt limit (blocking: offload it)."""
         return self.budget.tokenize(text, param, add_special_tokens)
 
-    async def _admit(self, request: Request, kws: list[dict]) -> tuple[list[dict], list[Hold]]:
+    async def _admit(self, request: Request | None, kws: list[dict]) -> tuple[list[dict], list[Hold]]:
         """Tokenize text prompts off the loop, check the budget of the whole request (all of `kws`), and
         take its queue places: one Hold per engine call."""
-        param = "sampling_params.max_new_tokens" if request.url.path == "/generate" else "max_tokens"
+        native = request is not None and request.url.path == "/generate"
+        param = "sampling_params.max_new_tokens" if native else "max_tokens"
         kws = [await self._with_ids(kw) for kw in kws]
         prompts: list[list[int]] = []
         params: list[dict] = []
@@ -125,9 +126,10 @@ class ServerState:
         return [self.tokenize(t, "text") for t in texts]
 
     # ---- engine calls
-    async def generate(self, request: Request, constraint_param: str | None = None, raise_on_abort: bool = True,
-                       **kw: Any) -> Any:
-        """`engine.async_generate(**kw)` (non-streaming), cancelled if the client disconnects;
+    async def generate(self, request: Request | None, constraint_param: str | None = None,
+                       raise_on_abort: bool = True, **kw: Any) -> Any:
+        """`engine.async_generate(**kw)` (non-streaming), cancelled if the client disconnects (`request`
+        None: work no client waits on, such as a background response);
         `constraint_param` is the request field a grammar error is blamed on. With `raise_on_abort` an
         aborted result is an error response instead of a result."""
         (kw,), (hold,) = await self._admit(request, [kw])
@@ -140,7 +142,7 @@ class ServerState:
                 check_finish(o["meta_info"])
         return out
 
-    async def open_streams(self, request: Request, kws: list[dict], constraint_param: str | None = None
+    async def open_streams(self, request: Request | None, kws: list[dict], constraint_param: str | None = None
                            ) -> list[tuple[dict, AsyncIterator[dict]]]:
         """Start streaming requests (admitted together) and wait for each one's first chunk, so that
         input errors still get a proper status code; returns (first chunk, iterator) pairs."""
@@ -257,8 +259,11 @@ def abort_error(fr: dict) -> APIError:
     return APIError(500, msg, "server_error", None, "aborted")
 
 
-async def until_disconnect(request: Request, aw: Awaitable[T]) -> T:
-    """Await `aw` unless the client disconnects first; then cancel it (the engine aborts the request)."""
+async def until_disconnect(request: Request | None, aw: Awaitable[T]) -> T:
+    """Await `aw` unless the client disconnects first; then cancel it (the engine aborts the request).
+    Without a request (background work) just await it."""
+    if request is None:
+        return await aw
     task = asyncio.ensure_future(aw)
     watch = asyncio.ensure_future(_wait_disconnect(request))
     try:
