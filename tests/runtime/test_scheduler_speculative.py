@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize
 
 from radixgen.runtime.scheduler.request import Req
+from radixgen.runtime.scheduler.scheduler import Scheduler
+from radixgen.runtime.scheduler.speculator import FIXED_ROWS, StepCosts
 from tests.runtime.test_scheduler_unit import (
     EOS,
     PREFIXES,
@@ -42,8 +44,16 @@ def copy_token(req: Req, pos: int) -> int:
     return 300 + (seed * 7919 + pos % (3 + seed % 7) * 104729) % 3000
 
 
-def spec_scheduler(pool: int, running: int, chunk: int, worker: FakeWorker, overlap: bool = True):
-    return make_scheduler(pool, running, chunk, overlap=overlap, worker=worker, speculative_algorithm="ngram")
+def cheap_rows(s: Scheduler) -> Scheduler:
+    """The fake worker takes no time: give the speculator a step whose rows are cheap next to its fixed
+    part (as on a GPU), so that requests draft often, at any batch size."""
+    s.speculator.costs = StepCosts(FIXED_ROWS["cuda"], learn=False)
+    return s
+
+
+def spec_scheduler(pool: int, running: int, chunk: int, worker: FakeWorker, overlap: bool = True) -> Scheduler:
+    return cheap_rows(make_scheduler(pool, running, chunk, overlap=overlap, worker=worker,
+                                     speculative_algorithm="ngram"))
 
 
 class SpeculativeMachine(SchedulerMachine):
@@ -56,10 +66,11 @@ class SpeculativeMachine(SchedulerMachine):
               min_match: int, fast_rows: int | None) -> None:
         self.tok = shared_tokenizer()
         self.token_fn = copy_token
-        self.s = make_scheduler(pool, running, chunk, page, overlap, radix, FakeWorker(copy_token, fast_rows),
-                                speculative_algorithm="ngram", speculative_num_draft_tokens=drafts,
-                                speculative_ngram_min_match_window_size=min_match,
-                                speculative_ngram_max_match_window_size=min_match + 2)
+        worker = FakeWorker(copy_token, fast_rows)
+        self.s = cheap_rows(make_scheduler(pool, running, chunk, page, overlap, radix, worker,
+                                           speculative_algorithm="ngram", speculative_num_draft_tokens=drafts,
+                                           speculative_ngram_min_match_window_size=min_match,
+                                           speculative_ngram_max_match_window_size=min_match + 2))
         self.reqs: list[tuple[Req, list[dict]]] = []
 
 
@@ -129,3 +140,54 @@ def test_opted_out_request_never_drafts():
     run_until_idle(s)
     assert worker.drafts_seen == 0 and req.spec is None
     assert req.output_ids == expected_output(req, copy_token)
+
+
+class TimedWorker(FakeWorker):
+    """A fake worker whose steps "take" `fixed + per_row * rows` seconds of busy time (as the real
+    worker reports them), for the speculator's measured cost model."""
+
+    def __init__(self, fixed: float, per_row: float) -> None:
+        super().__init__(copy_token, fast_decode_rows=20)
+        self.fixed, self.per_row = fixed, per_row
+        self.busy_seconds = 0.0
+
+    def submit(self, batch):
+        self.busy_seconds += self.fixed + self.per_row * sum(batch.extend_lens)
+        return super().submit(batch)
+
+
+def test_step_costs_fit_and_fall_back_to_the_prior():
+    costs = StepCosts(6.0)
+    assert costs.model() == (6.0, 1.0, 0.0)  # before any timing: the prior, in row-costs
+    for _ in range(50):
+        costs.observe(1, 1, 0, 0.010)
+    assert abs(costs.fixed_rows() - 6.0) < 0.5  # one row count only: the prior's split of the step
+    for step in range(300):
+        rows, grammar = 1 + step % 9, (step % 9) * (step % 2)
+        costs.observe(1, rows, grammar, 0.004 + 0.001 * rows + 0.0005 * grammar)
+        costs.observe(8, 8 + rows, grammar, 0.004 + 0.0004 * (8 + rows))  # batch 8: rows share the weights' reads
+    fixed, per_row, per_grammar = costs.model(1)
+    assert abs(fixed - 0.004) < 4e-4 and abs(per_row - 0.001) < 1e-4 and abs(per_grammar - 0.0005) < 1e-4
+    fixed, per_row, _ = costs.model(8)
+    assert abs(fixed - 0.004) < 4e-4 and abs(per_row - 0.0004) < 4e-5
+    assert costs.model(2) == (6.0, 1.0, 0.0)  # no step of 2-3 rows timed yet
+
+
+def test_drafting_follows_the_measured_cost_of_a_row():
+    """Where a row costs as much as a step's fixed part (a model in cache), copy-heavy requests whose
+    drafts are often wrong draft far less than where the fixed part dominates (bandwidth-bound); outputs
+    are exact either way, and the fit finds the worker's costs."""
+    drafts = {}
+    for name, fixed in (("cache", 0.001), ("bandwidth", 0.050)):
+        tok = shared_tokenizer()
+        worker = TimedWorker(fixed, 0.001)
+        s = make_scheduler(600, 8, 24, worker=worker, speculative_algorithm="ngram")
+        reqs = [make_req(tok, f"r{i}", PREFIXES[i % 3] + [3000 + i * 3 + j for j in range(5 + i % 4)], 40,
+                         seed=i)[0] for i in range(16)]
+        for req in reqs:
+            s.add_request(req)
+        run_until_idle(s)
+        assert [r.output_ids for r in reqs] == [expected_output(r, copy_token) for r in reqs]
+        drafts[name] = worker.drafts_seen
+        assert abs(s.speculator.costs.fixed_rows(4) - fixed / 0.001) < 0.2 * fixed / 0.001 + 0.5
+    assert drafts["cache"] < drafts["bandwidth"] / 2, drafts

@@ -12,6 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from radixgen.runtime.engine import Engine
+from radixgen.runtime.scheduler.speculator import StepCosts
 from tests.conftest import build_tiny_model
 
 TOP_K, TEMPERATURE, DRAWS = 3, 0.8, 20_000
@@ -64,7 +65,8 @@ def test_first_two_tokens_follow_the_target_distribution(tiny_path, hf_tiny):
     # one thread: the 2-layer model's ops are too small to share, and a busy machine makes their syncs costly
     eng = Engine(model=str(tiny_path), speculative_algorithm="ngram", disable_overlap=True, num_threads=1)
     try:
-        eng.scheduler.speculator.fixed_rows = 1e9  # rows cost nothing: every request drafts what lookup proposes
+        # rows cost nothing: every request drafts what lookup proposes
+        eng.scheduler.speculator.costs = StepCosts(1e9, learn=False)
         outs = eng.generate(input_ids=prompt, sampling_params={"n": DRAWS, "max_new_tokens": 2, "seed": 7,
                                                                 "temperature": TEMPERATURE, "top_k": TOP_K,
                                                                 "ignore_eos": True})

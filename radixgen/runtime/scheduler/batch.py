@@ -34,7 +34,8 @@ class ScheduledBatch:
     len(drafts[i])` (one per verified draft, plus one), and `sample_refs[i]` its index among the
     step's sampling requests (a later placeholder's reference). `extend_lens[i]` counts the
     request's new KV, drafts included. Prompt-logprob requests also get `input_rows[i]`: logits
-    rows predicting prompt tokens `input_targets[i]`.
+    rows predicting prompt tokens `input_targets[i]`. An embedding request pools `hidden_counts[i]`
+    rows of the step's final hidden states (`forward.hidden_out`, laid out request after request).
     """
 
     reqs: list[Req]
@@ -50,7 +51,9 @@ class ScheduledBatch:
     input_targets: list[list[int]]
     first_input_none: list[bool]  # the first prompt token's logprob (None) belongs to this step
     prefill_tokens: int  # tokens of this step that are prompt (not decode) tokens
+    hidden_counts: list[int]  # rows of `forward.hidden_out` each request pools (embedding requests)
     ready: threading.Event = field(default_factory=threading.Event)  # set once earlier results are processed
+    worker_busy: float | None = None  # the worker's busy seconds when this result was ready (speculator's timing)
 
     @classmethod
     def build(cls, reqs: list[Req], lens: list[int], starts: list[int], loc: torch.Tensor,
@@ -66,6 +69,7 @@ class ScheduledBatch:
         row_starts: list[int] = []
         row_pools: list[int] = []
         row_logits: list[list[int]] = []  # offsets within each row whose logits we need
+        row_hidden: list[list[int]] = []  # offsets within each row whose final hidden states we need
         wanted_per_req: list[int] = []
         samples: list[bool] = []
         input_targets: list[list[int]] = []
@@ -93,16 +97,18 @@ class ScheduledBatch:
             row_starts.append(start)
             row_pools.append(req.kv.pool_idx)
             row_logits.append(wanted + [chunk - 1] if does_sample else wanted)
+            row_hidden.append(req.hidden_rows(start, chunk) if req.pooling is not None else [])
             for j, tok in enumerate(d):
                 row_tokens.append([tok])
                 row_starts.append(start + chunk + j)
                 row_pools.append(req.kv.pool_idx)
                 row_logits.append([0])
+                row_hidden.append([])
             wanted_per_req.append(len(wanted) + (1 + len(d) if does_sample else 0))
             input_targets.append(targets)
             samples.append(does_sample)
         fb = make_forward_batch(row_tokens, row_starts, row_pools, loc, row_logits, device=device,
-                                table_update=table_update)
+                                table_update=table_update, hidden_rows=row_hidden)
         # absolute logits rows: each request's wanted rows are laid out one after another
         input_rows, sample_rows, sample_refs, base, n_sampled = [], [], [], 0, 0
         for n_wanted, targets, does_sample in zip(wanted_per_req, input_targets, samples, strict=True):
@@ -111,8 +117,10 @@ class ScheduledBatch:
             sample_refs.append(n_sampled if does_sample else -1)
             n_sampled += does_sample
             base += n_wanted
+        hidden_counts = [len(req.hidden_rows(start, n)) if req.pooling is not None else 0
+                         for req, start, n in zip(reqs, starts, lens, strict=True)]
         return cls(reqs, list(lens), list(starts), drafts, hold, fb, samples, sample_rows, sample_refs, input_rows,
-                   input_targets, first_none, prefill)
+                   input_targets, first_none, prefill, hidden_counts)
 
 
 @dataclass
@@ -126,3 +134,4 @@ class StepOutput:
     top_logprobs: list[list[list[tuple[float, int]]]]
     input_logprobs: list[list[tuple[float | None, int]]] = field(default_factory=list)
     input_top_logprobs: list[list[list[tuple[float, int]] | None]] = field(default_factory=list)
+    pooled: list[torch.Tensor | None] = field(default_factory=list)  # [hidden] sums of each request's pooled rows

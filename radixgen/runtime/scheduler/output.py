@@ -36,6 +36,8 @@ class OutputProcessor:
         if req.return_logprob:
             req.input_logprobs.extend(out.input_logprobs[i])
             req.input_top_logprobs.extend(out.input_top_logprobs[i])
+        if out.pooled and out.pooled[i] is not None:
+            req.add_pooled(out.pooled[i])
         if not batch.samples[i]:
             if req.params.max_new_tokens == 0 and req.kv.done_kv_len == len(req.input_ids):
                 return FinishReason("length"), ""
@@ -125,8 +127,11 @@ class OutputProcessor:
         return req.detok.replace_tail(drop, jump.new_tail, jump.text)
 
     def emit_final(self, req: Req, delta: str = "") -> None:
-        """Send the finished request's last chunk (streaming) or its whole output."""
-        if req.stream:
+        """Send the finished request's last chunk (streaming) or its whole output (an embedding
+        request's: its embedding)."""
+        if req.pooling is not None:
+            req.emit({"embedding": req.embedding(), "meta_info": req.meta_info()})
+        elif req.stream:
             delta += req.detok.flush()
             req.emit({"text": delta, "output_ids": self._new_ids(req), "meta_info": req.meta_info()})
         else:

@@ -118,6 +118,8 @@ class Req:
     to_abort: str | None = None
     grammar: Any = None  # per-request Grammar matcher (constrained decoding), or None
     spec: SpecState | None = None  # speculative-decoding state (drafting requests only)
+    pooling: str | None = None  # an embedding request ("last" | "mean" token pooling): prefill only
+    pooled: torch.Tensor | None = None  # [hidden] sum of its pooled rows' final hidden states so far
     # logprob accumulators: (logprob | None, token id) and top lists
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]] | None] = field(default_factory=list)
@@ -176,9 +178,29 @@ class Req:
         """Longest prefix that may come from the cache: at least one token must be computed to
         get logits, and prompt logprobs from `logprob_start_len` need the logits before it."""
         cap = self.seq_len - 1
+        if self.pooling == "mean":  # every prompt row's hidden state is pooled: none may come from the cache
+            return 0
         if self.wants_prompt_logprobs:
             cap = min(cap, max(self.logprob_start_len - 1, 0))
         return cap
+
+    def hidden_rows(self, start: int, chunk: int) -> list[int]:
+        """Offsets within a chunk of `chunk` tokens from `start` whose final hidden states this request
+        pools: all of them (mean pooling) or the prompt's last token (last-token pooling)."""
+        if self.pooling == "mean":
+            return list(range(chunk))
+        return [chunk - 1] if self.pooling == "last" and start + chunk == len(self.input_ids) else []
+
+    def add_pooled(self, rows_sum: torch.Tensor) -> None:
+        self.pooled = rows_sum if self.pooled is None else self.pooled + rows_sum
+
+    def embedding(self) -> list[float] | None:
+        """The pooled hidden state, L2-normalized (as SGLang and vLLM return decoder models' embeddings);
+        None before the prompt is computed."""
+        if self.pooled is None:
+            return None
+        v = self.pooled.float().cpu() / (len(self.input_ids) if self.pooling == "mean" else 1)
+        return torch.nn.functional.normalize(v, dim=0).tolist()
 
     def radix_key(self, length: int | None = None) -> RadixKey:
         ids = self.fill_ids

@@ -84,6 +84,8 @@ class Scheduler:
                 config.speculative_ngram_max_match_window_size, context_length,
                 worker.fast_decode_rows, config.device.split(":")[0],
                 overlap=not config.disable_overlap, metrics=self.metrics)
+        self._busy_seen = 0.0  # the worker's busy seconds when the last step landed (step timing)
+        self._ready_at: float | None = None  # when the worker's latest result was ready (idle gaps)
         self.output = OutputProcessor(kv, self.metrics, eos_token_ids, context_length,
                                       jump_forward=not config.disable_jump_forward, speculator=self.speculator)
         self.inbox: queue.Queue[Req | _Control] = queue.Queue()
@@ -177,7 +179,12 @@ class Scheduler:
         if self._stop:
             return
         batch = self._schedule(can_retract=self._inflight is None)
+        timed = batch is not None and self.speculator is not None and self.speculator.costs.learn
+        if timed and self._inflight is None:
+            self._time_gap(batch)
         future = self.worker.submit(batch) if batch is not None else None
+        if timed:
+            future.add_done_callback(lambda _, b=batch: self._stamp(b))
         landed = self._inflight is not None
         self._land_inflight()
         if batch is None:
@@ -277,6 +284,8 @@ class Scheduler:
 
     def _process(self, batch: ScheduledBatch, out: StepOutput) -> None:
         now = time.perf_counter()
+        if self.speculator is not None and self.speculator.costs.learn:
+            self._time_step(batch)
         for i, req in enumerate(batch.reqs):
             req.flight.land(batch.samples[i], len(batch.drafts[i]), batch.hold[i])
             self.kv.computed(req, batch.extend_lens[i])
@@ -294,6 +303,30 @@ class Scheduler:
                 self._finish(req, *done)
         self.metrics.prompt_tokens += batch.prefill_tokens
         self.metrics.forward_steps += 1
+
+    def _stamp(self, batch: ScheduledBatch) -> None:
+        """The batch's result is ready (on the thread that set it, before the worker starts another
+        batch): note the worker's busy seconds so far."""
+        batch.worker_busy = self.worker.busy_seconds
+        self._ready_at = time.perf_counter()
+
+    def _time_gap(self, batch: ScheduledBatch) -> None:
+        """A pure-decode batch launched with nothing in flight (its requests waited for the last result,
+        as a request holding for its drafts' verification does): the worker sat idle from that result
+        to now, which the speculator weighs against running on."""
+        if self._ready_at is not None and all(n - len(d) == 1 for n, d in zip(batch.extend_lens, batch.drafts,
+                                                                              strict=True)):
+            self.speculator.on_gap(time.perf_counter() - self._ready_at)
+
+    def _time_step(self, batch: ScheduledBatch) -> None:
+        """Give the speculator's cost model the worker's time for a landed pure-decode step (its busy
+        seconds since the previous batch's result: the worker runs batches one after another)."""
+        if batch.worker_busy is None:
+            return
+        seconds, self._busy_seen = batch.worker_busy - self._busy_seen, batch.worker_busy
+        if all(n - len(d) == 1 for n, d in zip(batch.extend_lens, batch.drafts, strict=True)):
+            grammar_rows = sum(len(d) for r, d in zip(batch.reqs, batch.drafts, strict=True) if r.grammar is not None)
+            self.speculator.on_step(len(batch.reqs), sum(batch.extend_lens), grammar_rows, seconds)
 
     def _release(self, req: Req) -> None:
         """A finished request leaves the running queue; its KV goes to the tree."""
