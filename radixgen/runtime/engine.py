@@ -35,6 +35,7 @@ from radixgen.sampling.params import SamplingParams
 logger = logging.getLogger(__name__)
 Prompt = str | list[str] | None
 Ids = list[int] | list[list[int]] | None
+POOLINGS = ("last", "mean")  # how `encode` pools a prompt's final hidden states
 
 
 class Engine:
@@ -145,7 +146,7 @@ class Engine:
 
     def _make_req(self, ids: list[int], params: SamplingParams, emit: Callable[[dict], None], *, stream: bool,
                   return_logprob: bool, logprob_start_len: int, top_logprobs_num: int,
-                  extra_key: str | None, rid: str | None) -> Req:
+                  extra_key: str | None, rid: str | None, pooling: str | None = None) -> Req:
         if len(ids) >= self.context_length:
             raise ValueError(
                 f"prompt has {len(ids)} tokens, which does not fit the context length {self.context_length}: "
@@ -163,7 +164,7 @@ class Engine:
         return Req(
             rid=rid or uuid.uuid4().hex, input_ids=ids, params=params, seed=seed, detok=detok, emit=emit,
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, extra_key=extra_key, stream=stream,
+            top_logprobs_num=top_logprobs_num, extra_key=extra_key, stream=stream, pooling=pooling,
         )
 
     def _expand(self, prompt: Prompt, sampling_params: Any, input_ids: Ids) -> tuple[list[tuple], bool]:
@@ -300,6 +301,52 @@ class Engine:
         finally:
             if req.finished is None:
                 self.abort(req.rid)
+
+    # ------------------------------------------------------------------ embeddings
+
+    def _encode_requests(self, prompt: Prompt, input_ids: Ids, pooling: str,
+                         emits: Callable[[int], list[Callable[[dict], None]]]) -> tuple[list[Req], bool]:
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        seqs, single, opts = self._prepare(prompt, {"max_new_tokens": 0}, input_ids, False, False, -1, 0, None)
+        reqs, _ = self._new_requests(seqs, emits(len(seqs)), None, False, dict(opts, pooling=pooling))
+        return reqs, single
+
+    def encode(self, prompt: Prompt = None, input_ids: Ids = None, pooling: str = "last") -> dict | list[dict]:
+        """Embed one prompt (returns a dict) or a list (returns a list of dicts): `{"embedding": [floats],
+        "meta_info": {...}}`, the final norm's output pooled over the prompt (`pooling`: its last token,
+        or the mean of all its tokens) and L2-normalized. Runs as a prefill-only request batched with
+        everything else; its KV goes to the radix cache like any prompt's."""
+        channels: list[queue.Queue] = []
+
+        def emits(n: int) -> list[Callable[[dict], None]]:
+            channels.extend(queue.Queue() for _ in range(n))
+            return [q.put for q in channels]
+
+        reqs, single = self._encode_requests(prompt, input_ids, pooling, emits)
+        self._submit(reqs)
+        results = [q.get() for q in channels]
+        return results[0] if single else results
+
+    async def async_encode(self, prompt: Prompt = None, input_ids: Ids = None,
+                           pooling: str = "last") -> dict | list[dict]:
+        """asyncio twin of `encode`; cancelling it aborts its requests."""
+        loop = asyncio.get_running_loop()
+        channels: list[asyncio.Queue] = []
+
+        def emits(n: int) -> list[Callable[[dict], None]]:
+            channels.extend(asyncio.Queue() for _ in range(n))
+            return [_threadsafe_put(loop, q) for q in channels]
+
+        reqs, single = self._encode_requests(prompt, input_ids, pooling, emits)
+        self._submit(reqs)
+        try:
+            results = list(await asyncio.gather(*[q.get() for q in channels]))
+        except asyncio.CancelledError:
+            for r in reqs:
+                self.abort(r.rid)
+            raise
+        return results[0] if single else results
 
     # ------------------------------------------------------------------ control
 

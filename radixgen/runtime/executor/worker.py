@@ -154,6 +154,7 @@ class ModelWorker:
         batch.ready.wait()
         start = time.perf_counter()
         self._prompt_logprobs(batch, logits, out)
+        self._pooled(batch, out)
         rows = SamplingRows.build(batch, self.runner.vocab_size)
         if not rows.requests:
             self._last_ids = None
@@ -194,6 +195,19 @@ class ModelWorker:
             out.top_logprobs[i] = [t[:k] for t in tops[start:end]]
             start = end
         return out
+
+    @staticmethod
+    def _pooled(batch: ScheduledBatch, out: StepOutput) -> None:
+        """Each embedding request's sum of its pooled rows of this step's final hidden states."""
+        hidden = batch.forward.hidden_out  # [H, hidden] or None
+        out.pooled = [None] * len(batch.reqs)
+        if hidden is None:
+            return
+        start = 0
+        for i, n in enumerate(batch.hidden_counts):
+            if n:
+                out.pooled[i] = hidden[start : start + n].sum(0)  # [hidden]
+                start += n
 
     def _prompt_logprobs(self, batch: ScheduledBatch, logits: torch.Tensor, out: StepOutput) -> None:
         out.input_logprobs = [[] for _ in batch.reqs]

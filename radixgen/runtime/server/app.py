@@ -3,6 +3,8 @@
 Routes (OpenAI-compatible unless noted):
 
 - POST /v1/chat/completions (chat.py), POST /v1/completions (completions.py), GET /v1/models[/{id}]
+- POST /v1/embeddings and SGLang's native POST /encode (embeddings.py)
+- POST /v1/responses, GET|DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel (responses.py)
 - GET /health: 200 while serving, 503 once shutting down
 - SGLang's native routes (native.py): POST /generate, GET /get_model_info, GET /get_server_info,
   POST /concate_and_append_request, GET|POST /flush_cache, POST /abort_request, POST /tokenize, ...
@@ -45,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixgen.runtime.observability import exposition
 from radixgen.runtime.observability.observer import served_model_name
 from radixgen.runtime.observability.tracing import TraceContextMiddleware
-from radixgen.runtime.server import chat, completions, native
+from radixgen.runtime.server import chat, completions, embeddings, native, responses
 from radixgen.runtime.server.auth import Gate
 from radixgen.runtime.server.body_checks import GuardedRoute
 from radixgen.runtime.server.http_guard import HTTPGuard
@@ -151,5 +153,7 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
 
     chat.register(app, state)
     completions.register(app, state)
+    embeddings.register(app, state)
     native.register(app, state)
+    responses.register(app, state, keyed=api_key is not None)
     return app

@@ -7,20 +7,25 @@ a `ServerOptions` field, and a request over one gets a 400 in OpenAI's shape nam
 limit and its flag, with OpenAI's codes (`integer_above_max_value`, `array_above_max_length`,
 `string_above_max_length`). A tool's parameters must be a valid JSON schema whatever `tool_choice`
 is. Fields of the wrong type are left to the route's own validation (pydantic), which names them.
-With `--reject-unknown-fields` a chat or completions body's top-level field the route does not define is
-a 400 (`unknown_field`), as the hosted API answers; by default it is ignored, as SGLang and vLLM do.
+With `--reject-unknown-fields` a chat, completions or embeddings body's top-level field the route does
+not define is a 400 (`unknown_field`), as the hosted API answers; by default it is ignored with a
+warning naming the fields, as vLLM does (so a client sending newer OpenAI fields keeps working).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
 
+from radixgen.runtime.server.embeddings import EmbeddingRequest
 from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
+
+logger = logging.getLogger("radixgen.server")
 
 
 def _flag(name: str) -> str:
@@ -193,7 +198,8 @@ def _accepted_fields(model: type[BaseModel]) -> frozenset[str]:
 
 
 OPENAI_FIELDS = {"/v1/chat/completions": _accepted_fields(ChatCompletionRequest),
-                 "/v1/completions": _accepted_fields(CompletionRequest)}
+                 "/v1/completions": _accepted_fields(CompletionRequest),
+                 "/v1/embeddings": _accepted_fields(EmbeddingRequest)}
 
 
 def check_body(path: str, body: Any, opts: ServerOptions) -> None:
@@ -202,12 +208,13 @@ def check_body(path: str, body: Any, opts: ServerOptions) -> None:
     if not isinstance(body, dict):
         return
     known = OPENAI_FIELDS.get(path)
-    if opts.reject_unknown_fields and known is not None:
-        unknown = next((k for k in body if k not in known), None)
-        if unknown is not None:
-            raise bad_request(f"Unrecognized request argument supplied: {unknown} (this server answers 400 for "
-                              f"fields it does not know: {_flag('reject_unknown_fields')})", unknown,
-                              "unknown_field")
+    unknown = [k for k in body if k not in known] if known is not None else []
+    if unknown and opts.reject_unknown_fields:
+        raise bad_request(f"Unrecognized request argument supplied: {unknown[0]} (this server answers 400 for "
+                          f"fields it does not know: {_flag('reject_unknown_fields')})", unknown[0], "unknown_field")
+    if unknown:
+        logger.warning("%s: the request's fields %s are not supported and were ignored", path,
+                       ", ".join(map(repr, unknown)))
     check = ROUTES.get(path)
     if check is not None:
         check(body, opts)

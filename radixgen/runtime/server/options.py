@@ -15,7 +15,9 @@ hence 64 JSON levels and 64 KiB; the compile deadline (EngineConfig) is the back
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -49,19 +51,43 @@ class ServerOptions:
     reject_unknown_fields: bool = False
     """Answer 400 for a top-level field a chat or completions request does not define, as the hosted OpenAI
     API does (default: ignore it, as SGLang and vLLM do; /generate always refuses unknown fields)."""
+    max_stored_responses: int = 1024
+    """Most responses /v1/responses keeps (store=true) for GET and previous_response_id; the least recently
+    used is evicted first."""
     loop_stall_dump: float | None = None
     """Debugging: when the event loop answers nothing for this many seconds, dump every thread's stack to stderr."""
+    chat_template: str | None = None
+    """The chat template to use instead of the tokenizer's: a Jinja file path or a known name (chat_prompt.py)."""
+    default_chat_template_kwargs: str | None = None
+    """A JSON object of variables passed to every chat template render, e.g. '{"enable_thinking": false}'; a
+    request's chat_template_kwargs override them."""
+    embedding_pooling: Literal["last", "mean"] = "last"
+    """How /v1/embeddings pools a prompt's final hidden states: its last token or the mean of all its tokens."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or value is None:
+            if isinstance(value, (bool, str)) or value is None:
                 continue
             if value < 0 or (value == 0 and f.name != "max_queued_requests"):
                 raise ValueError(f"ServerOptions.{f.name}={value!r} is invalid: must be > 0")
         if self.max_request_kv_fraction > 1:
             raise ValueError(f"ServerOptions.max_request_kv_fraction={self.max_request_kv_fraction!r} is invalid: "
                              "must be in (0, 1]")
+        self.template_kwargs()
+
+    def template_kwargs(self) -> dict:
+        """`default_chat_template_kwargs` as a dict (ValueError naming the option when it is not a JSON object)."""
+        if self.default_chat_template_kwargs is None:
+            return {}
+        try:
+            value = json.loads(self.default_chat_template_kwargs)
+        except ValueError as e:
+            raise ValueError(f"ServerOptions.default_chat_template_kwargs is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("ServerOptions.default_chat_template_kwargs must be a JSON object, e.g. "
+                             '\'{"enable_thinking": false}\'')
+        return value
 
     @classmethod
     def field_names(cls) -> list[str]:
