@@ -104,12 +104,12 @@ def serve(args: argparse.Namespace) -> None:
     configure_logging(args.log_level, args.log_format)
     t0 = time.perf_counter()
     try:
+        options = ServerOptions(**config_kwargs(args, ServerOptions))  # checked before the model loads
         engine = Engine(**engine_kwargs(args))
     except (FileNotFoundError, ValueError, TypeError) as e:
         raise SystemExit(f"radixgen serve: error: {e}") from None
     try:
-        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name,
-                         options=ServerOptions(**config_kwargs(args, ServerOptions)),
+        app = create_app(engine, api_key=args.api_key, model_name=args.served_model_name, options=options,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         state = app.state.radixgen
         if not args.skip_warmup:

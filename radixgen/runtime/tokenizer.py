@@ -50,12 +50,16 @@ class Tokenizer:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+        **template_kwargs: Any,
     ) -> str:
+        """`chat_template` (the tokenizer's, or the one set in its place) rendered over `messages`;
+        `template_kwargs` are more variables for the template (e.g. Qwen3's `enable_thinking`)."""
         if not self.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt instead")
         return self.hf.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat_template=self.chat_template, **template_kwargs,
         )
 
 

@@ -50,6 +50,7 @@ from radixgen.runtime.observability.tracing import TraceContextMiddleware
 from radixgen.runtime.server import chat, completions, embeddings, native, responses
 from radixgen.runtime.server.auth import Gate
 from radixgen.runtime.server.body_checks import GuardedRoute
+from radixgen.runtime.server.chat_templates import load_chat_template
 from radixgen.runtime.server.http_guard import HTTPGuard
 from radixgen.runtime.server.loop_watch import LoopStallDump
 from radixgen.runtime.server.options import ServerOptions
@@ -84,6 +85,8 @@ def create_app(engine: Any, api_key: str | None = None, model_name: str | None =
     engine.observer.set_labels(model_name=model_name)
     state = ServerState(engine, model_name, options, tool_format_named(tool_call_parser),
                         reasoning_format_named(reasoning_parser))
+    if state.options.chat_template is not None:  # the server's template for every chat render (SGLang's flag)
+        engine.tokenizer.chat_template = load_chat_template(state.options.chat_template)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -159,7 +159,7 @@ async def plan_chat(state: ServerState, req: ChatCompletionRequest) -> tuple[Pla
     tools = tool_setup(state, req)
     messages, tool_specs = build_messages(state, req, tools)
     # templating, tokenizing and schema checks run off the event loop (state.offload)
-    prompt = await state.offload(render, state, messages, tool_specs)
+    prompt = await state.offload(render, state, messages, tool_specs, req.chat_template_kwargs)
     ids = await state.offload(lambda: state.tokenize(prompt, "messages", add_special_tokens=False))
     state.check_context(ids)
     reasoning = (state.reasoning, state.reasoning.phase_of(prompt)) if state.reasoning is not None else None

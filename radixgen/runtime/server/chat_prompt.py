@@ -96,12 +96,26 @@ def build_messages(state: ServerState, req: ChatCompletionRequest, tools: ToolSe
     return out, None
 
 
-def render(state: ServerState, messages: list[dict], tools: list | None) -> str:
-    """The chat template applied to `messages` (with the generation prompt)."""
+# HF apply_chat_template's own arguments: a template variable may not override how it renders
+RENDER_ARGUMENTS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def render(state: ServerState, messages: list[dict], tools: list | None,
+           template_kwargs: dict[str, Any] | None = None) -> str:
+    """The chat template applied to `messages` (with the generation prompt), with the server's
+    `--default-chat-template-kwargs` and then the request's `chat_template_kwargs` as template variables
+    (e.g. `{"enable_thinking": false}` for Qwen3). Every endpoint that renders chat renders through here."""
+    kwargs = {**state.options.template_kwargs(), **(template_kwargs or {})}
+    reserved = sorted(RENDER_ARGUMENTS & kwargs.keys())
+    if reserved:
+        raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}", "chat_template_kwargs")
     try:
         if tools is not None:
-            return state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
-        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            kwargs["tools"] = tools
+        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
     except ValueError as e:
         raise bad_request(str(e), "messages") from None
     except Exception as e:  # a template's raise_exception (e.g. roles must alternate)

@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from radixgen.runtime.server.chat_templates import load_chat_template
+
 
 @dataclass(frozen=True)
 class ServerOptions:
@@ -75,6 +77,8 @@ class ServerOptions:
             raise ValueError(f"ServerOptions.max_request_kv_fraction={self.max_request_kv_fraction!r} is invalid: "
                              "must be in (0, 1]")
         self.template_kwargs()
+        if self.chat_template is not None:
+            load_chat_template(self.chat_template)
 
     def template_kwargs(self) -> dict:
         """`default_chat_template_kwargs` as a dict (ValueError naming the option when it is not a JSON object)."""

@@ -274,6 +274,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # variables for the chat template (SGLang, vLLM)
 
 
 class ChatLogprobTop(_Model):
