@@ -37,9 +37,13 @@ class KeyCheck:
     def accepts(self, headers: dict[bytes, bytes]) -> bool:
         if self._digest is None:
             return True
-        auth = headers.get(b"authorization", b"")
-        key = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"").strip()
-        return hmac.compare_digest(_digest(key), self._digest)
+        return hmac.compare_digest(_digest(presented_key(headers)), self._digest)
+
+
+def presented_key(headers: dict[bytes, bytes]) -> bytes:
+    """The key a request's headers carry (`Authorization: Bearer K`, else `X-API-Key: K`); b"" if none."""
+    auth = headers.get(b"authorization", b"")
+    return auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key", b"").strip()
 
 
 class Gate:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from radixgen.runtime.server.embeddings import EmbeddingRequest
 from radixgen.runtime.server.options import ServerOptions
 from radixgen.runtime.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, bad_request
+from radixgen.runtime.server.responses_protocol import ResponsesRequest
 
 logger = logging.getLogger("radixgen.server")
 
@@ -83,8 +84,9 @@ def _check_size(size: int, param: str, opts: ServerOptions) -> None:
                           f"({_flag('max_schema_bytes')})", param, "string_above_max_length")
 
 
-def check_tool_schemas(tools: Any, opts: ServerOptions) -> None:
-    """Tool count, and each tool's parameters: size, depth, and a valid JSON schema."""
+def check_tool_schemas(tools: Any, opts: ServerOptions, flat: bool = False) -> None:
+    """Tool count, and each tool's parameters: size, depth, and a valid JSON schema. `flat`: tools as the
+    Responses API writes them, name and parameters in the tool itself rather than under `function`."""
     from radixgen.grammar.base import GrammarError
     from radixgen.grammar.schema import validate_schema
 
@@ -95,11 +97,11 @@ def check_tool_schemas(tools: Any, opts: ServerOptions) -> None:
                           f"({_flag('max_tools')}), but got an array with length {len(tools)} instead.", "tools",
                           "array_above_max_length")
     for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) else None
+        fn = tool if flat else tool.get("function") if isinstance(tool, dict) else None
         params = fn.get("parameters") if isinstance(fn, dict) else None
         if params is None:
             continue
-        param = f"tools.{i}.function.parameters"
+        param = f"tools.{i}.parameters" if flat else f"tools.{i}.function.parameters"
         check_schema(params, param, opts)
         try:
             validate_schema(params)
@@ -161,6 +163,16 @@ def _chat(body: dict, opts: ServerOptions) -> None:
     check_constraints(body, "", opts)
 
 
+def _responses(body: dict, opts: ServerOptions) -> None:
+    check_tool_schemas(body.get("tools"), opts, flat=True)
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("schema") is not None:
+        check_schema(fmt["schema"], "text.format.schema", opts)
+    check_stop(body.get("stop"), "stop", opts)
+    check_constraints(body, "", opts)
+
+
 def _completions(body: dict, opts: ServerOptions) -> None:
     check_n(body.get("n", 1), _prompt_count(body.get("prompt")), "n", opts)
     check_stop(body.get("stop"), "stop", opts)
@@ -189,6 +201,7 @@ def _generate(body: dict, opts: ServerOptions) -> None:
 ROUTES: dict[str, Callable[[dict, ServerOptions], None]] = {
     "/v1/chat/completions": _chat,
     "/v1/completions": _completions,
+    "/v1/responses": _responses,
     "/generate": _generate,
 }
 
@@ -199,7 +212,8 @@ def _accepted_fields(model: type[BaseModel]) -> frozenset[str]:
 
 OPENAI_FIELDS = {"/v1/chat/completions": _accepted_fields(ChatCompletionRequest),
                  "/v1/completions": _accepted_fields(CompletionRequest),
-                 "/v1/embeddings": _accepted_fields(EmbeddingRequest)}
+                 "/v1/embeddings": _accepted_fields(EmbeddingRequest),
+                 "/v1/responses": _accepted_fields(ResponsesRequest)}
 
 
 def check_body(path: str, body: Any, opts: ServerOptions) -> None:
