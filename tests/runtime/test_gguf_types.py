@@ -94,8 +94,9 @@ def test_bad_files_are_refused_with_what_is_wrong(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    from radixgen.runtime.models.gguf_arch import gguf_config
     from radixgen.runtime.models.gguf_file import read_header
-    from radixgen.runtime.models.loader import GGUFCheckpoint, gguf_config
+    from radixgen.runtime.models.loader import GGUFCheckpoint
 
     header = read_header(tmp_path / "iq.gguf")
     ok = read_header(path)

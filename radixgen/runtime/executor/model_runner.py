@@ -63,6 +63,9 @@ class ModelRunner:
         logger.info("loading %s (%s on %s)", path, config.dtype, config.device)
         model_config, checkpoint = open_checkpoint(config.model)
         self.model_config: ModelConfig = model_config
+        if model_config.sliding_window is not None and not self.attention.supports_sliding_window:
+            raise ValueError(f"{path.name} has sliding-window attention layers, which the {self.attention.name} "
+                             "attention backend does not run; use attention_backend='torch'")
         self.context_length = min(config.context_length or model_config.max_position_embeddings,
                                   model_config.max_position_embeddings)
         blocks = tp is None and not config.disable_block_kernels and can_use_blocks(self.device, self.dtype)

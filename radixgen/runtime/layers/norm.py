@@ -1,4 +1,5 @@
-"""RMSNorm and SiLU-and-multiply, each in torch or in C (`kernels/layer_ops.py`), chosen at load.
+"""RMSNorm and SiLU-and-multiply, each in torch or in C (`kernels/layer_ops.py`), chosen at load;
+GELU-and-multiply (Gemma's GeGLU) in torch.
 
 In torch each is several ops (an RMSNorm alone is pow, mean, add, rsqrt, mul, mul), and at decode
 batch sizes every op costs its dispatch, not its arithmetic; the C versions (CPU, float32) do the
@@ -48,3 +49,15 @@ class SiluAndMul(nn.Module):
             return layer_ops.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluAndMul(nn.Module):
+    """[T, 2 I] = [gate | up] -> gelu_tanh(gate) * up [T, I] (GeGLU, the tanh approximation of GELU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_c = False  # no C version: kept in torch
+
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh").mul_(up)

@@ -1,4 +1,10 @@
-"""ModelConfig: the architecture facts our Llama-family implementation needs, from HF or GGUF."""
+"""ModelConfig: the architecture facts our decoder implementation needs, from HF or GGUF.
+
+One decoder covers the families below; what differs between them is data here: q/k/v bias (Qwen2),
+per-head q/k norms (Qwen3, Gemma 3), sliding-window layers (Mistral, Gemma 3: which layers, how wide,
+their own rotary base), norms after attention and MLP as well as before (Gemma), GeGLU (Gemma), a
+scaled embedding (Gemma), the query scale and a final logit soft-cap.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +18,15 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama / SmolLM / Qwen2 / Qwen3 model."""
+    """Architecture of a Llama / SmolLM / Mistral / Qwen2 / Qwen3 / Gemma 3 model."""
 
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -34,6 +41,15 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None  # keys a sliding-window layer attends to (its own token included)
+    sliding_layers: tuple[bool, ...] = ()  # per layer: whether it is a sliding-window layer (empty: none)
+    rope_local_theta: float | None = None  # sliding-window layers' rotary base (None: rope_theta), unscaled
+    query_scale: float | None = None  # attention's score scale (None: head_dim ** -0.5)
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    sandwich_norms: bool = False  # RMSNorm on the attention and MLP outputs too, before the residual adds
+    embed_scale: float = 1.0  # the embedding's rows are multiplied by this
+    norm_weight_offset: float = 0.0  # added to every RMSNorm weight at load (HF Gemma computes x * (1 + w))
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
 
     @property
     def qkv_bias(self) -> bool:
@@ -41,7 +57,11 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch == "qwen3"
+        return self.arch in ("qwen3", "gemma3")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (None: it attends to every earlier token)."""
+        return self.sliding_window if self.sliding_layers and self.sliding_layers[layer] else None
 
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:
@@ -52,20 +72,44 @@ class ModelConfig:
                 f"unsupported architecture {archs or cfg.get('model_type')!r}: radixgen runs "
                 f"{sorted(SUPPORTED_ARCHITECTURES)}"
             )
-        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        if cfg.get("attn_logit_softcapping") is not None:
+            raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
+        params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        local = params.pop("sliding_attention", None)  # per layer type (transformers 5: Gemma 3)
+        rope = dict(params.pop("full_attention", None) or params)
         theta = rope.pop("rope_theta", None) or cfg.get("rope_theta", 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3", "linear"):
             raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, llama3, linear)")
+        local_theta = (local or {}).get("rope_theta") or cfg.get("rope_local_base_freq")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         heads = cfg["num_attention_heads"]
+        layers = cfg["num_hidden_layers"]
+        gemma = arch == "gemma3"
+        window = cfg.get("sliding_window")
+        if window is not None and arch == "qwen2" and not cfg.get("use_sliding_window", False):
+            window = None  # Qwen2 configs carry a window they do not use
+        if window is None:
+            sliding: tuple[bool, ...] = ()
+        elif "layer_types" in cfg:
+            sliding = tuple(t == "sliding_attention" for t in cfg["layer_types"])
+        elif gemma:
+            pattern = cfg.get("sliding_window_pattern", 6)
+            sliding = tuple((i + 1) % pattern != 0 for i in range(layers))
+        else:
+            sliding = (True,) * layers
+        hidden = cfg["hidden_size"]
+        act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+        if act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
+            raise ValueError(f"unsupported MLP activation {act!r} (supported: silu, gelu_pytorch_tanh)")
+        scalar = cfg.get("query_pre_attn_scalar")
         return cls(
             arch=arch,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -76,7 +120,24 @@ class ModelConfig:
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            sliding_window=int(window) if sliding and any(sliding) else None,
+            sliding_layers=sliding if any(sliding) else (),
+            rope_local_theta=float(local_theta) if local_theta else None,
+            query_scale=float(scalar) ** -0.5 if scalar else None,
+            hidden_act="silu" if act == "silu" else "gelu_tanh",
+            sandwich_norms=gemma,
+            embed_scale=hidden**0.5 if gemma else 1.0,
+            norm_weight_offset=1.0 if gemma else 0.0,
+            final_logit_softcap=cfg.get("final_logit_softcapping"),
         )
+
+    def local_inv_freq(self) -> torch.Tensor | None:
+        """Sliding-window layers' own RoPE inverse frequencies [head_dim / 2] (None: they share
+        `inv_freq`): base `rope_local_theta`, no scaling."""
+        if self.rope_local_theta is None or not self.sliding_layers:
+            return None
+        d = self.head_dim
+        return (1.0 / (self.rope_local_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float()
 
     def inv_freq(self) -> torch.Tensor:
         """RoPE inverse frequencies [head_dim / 2], with llama3 / linear scaling applied."""
@@ -86,6 +147,8 @@ class ModelConfig:
         if rs is None:
             return inv.float()
         kind = rs.get("rope_type", rs.get("type"))
+        if kind == "factors":  # GGUF's per-frequency divisors (llama.cpp's rope_freqs tensor)
+            return (inv / torch.tensor(rs["factors"], dtype=torch.float64)).float()
         if kind == "linear":
             return (inv / rs["factor"]).float()
         # llama3: keep high frequencies, divide low ones by `factor`, interpolate in between.

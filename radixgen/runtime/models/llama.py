@@ -1,6 +1,8 @@
-"""Our Llama-family model: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama, Qwen2/2.5
-(qkv bias) and Qwen3 (per-head q/k RMSNorm). GQA, rotary embeddings (HF "rotate half" layout),
-RMSNorm, SwiGLU, optionally tied embeddings.
+"""Our decoder: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama, Mistral (sliding window),
+Qwen2/2.5 (qkv bias), Qwen3 (per-head q/k RMSNorm) and Gemma 3 (sliding-window layers with their own
+rotary base, q/k norms, norms after attention and MLP too, GeGLU, a scaled embedding). GQA, rotary
+embeddings (HF "rotate half" layout), RMSNorm, optionally tied embeddings; what differs between the
+families is data in ModelConfig.
 
 A step's tokens (mixed extend/decode, variable lengths: a ForwardBatch) run through the layers with
 K/V read and written through the TokenToKVPool. q/k/v and gate/up projections are fused into one
@@ -40,7 +42,7 @@ from radixgen.runtime.layers.linear import (
     StoredLinear,
     pack,
 )
-from radixgen.runtime.layers.norm import RMSNorm, SiluAndMul
+from radixgen.runtime.layers.norm import GeluAndMul, RMSNorm, SiluAndMul
 from radixgen.runtime.layers.parallel import (
     RowParallelLinear,
     ShardedLinear,
@@ -64,10 +66,10 @@ def _dense(m: Linear) -> DenseLinear:
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, tp: TensorParallel | None) -> None:
+    def __init__(self, hidden: int, inter: int, tp: TensorParallel | None, act: str = "silu") -> None:
         super().__init__()
         self.gate_up = DenseLinear(hidden, 2 * inter)  # this rank's columns of gate and up
-        self.act = SiluAndMul()
+        self.act = SiluAndMul() if act == "silu" else GeluAndMul()
         self.down = _row_parallel(DenseLinear(inter, hidden), tp)
 
     def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
@@ -78,23 +80,43 @@ class DecoderLayer(nn.Module):
     def __init__(self, c: ModelConfig, layer_id: int, plan: ShardPlan, tp: TensorParallel | None) -> None:
         super().__init__()
         q_size, kv_size = plan.heads * c.head_dim, plan.kv_heads * c.head_dim  # this rank's heads
+        window = c.window(layer_id)
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.qkv = DenseLinear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
-        self.attn = Attention(layer_id, plan.heads, plan.kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None)
+        self.attn = Attention(layer_id, plan.heads, plan.kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None,
+                              c.query_scale, window, local_rope=window is not None and c.rope_local_theta is not None)
         self.o_proj = _row_parallel(DenseLinear(q_size, c.hidden_size), tp)
+        # the norm before the MLP (HF: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm)
         self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, plan.intermediate, tp)
+        self.mlp = MLP(c.hidden_size, plan.intermediate, tp, c.hidden_act)
+        # Gemma: norms on the attention's and the MLP's outputs before each residual add
+        self.attn_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
+        self.mlp_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
 
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """hidden [T, hidden] (the residual stream) -> the same after this layer."""
-        o = self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx)  # [T, q]
-        hidden, x = self.post_attn_norm.add(hidden, self.o_proj(o, ctx.wide))
-        return hidden.add_(self.mlp(x, ctx.wide))
+        o = self.o_proj(self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx), ctx.wide)  # [T, hidden]
+        if self.attn_out_norm is not None:
+            o = self.attn_out_norm(o)
+        hidden, x = self.post_attn_norm.add(hidden, o)
+        m = self.mlp(x, ctx.wide)  # [T, hidden]
+        return hidden.add_(m if self.mlp_out_norm is None else self.mlp_out_norm(m))
+
+    @property
+    def plain(self) -> bool:
+        """A Llama-shaped layer (what the one-call C decode runs): no q/k norm, global attention, no
+        norms on the outputs, SwiGLU."""
+        return (self.attn.can_fuse_rope and self.attn.window is None and self.attn_out_norm is None
+                and isinstance(self.mlp.act, SiluAndMul))
 
     def use_c_kernels(self) -> None:
-        """Per-token ops in C (CPU float32); layers with q/k norms keep the torch path."""
-        c = self.attn.can_fuse_rope
-        self.input_norm.in_c = self.post_attn_norm.in_c = self.mlp.act.in_c = self.attn.rope_in_c = c
+        """Per-token ops in C (CPU float32): the norms; SiLU * up; rotary + K/V store where no q/k
+        norm comes between (those layers keep torch's)."""
+        for norm in (self.input_norm, self.post_attn_norm, self.attn_out_norm, self.mlp_out_norm):
+            if norm is not None:
+                norm.in_c = True
+        self.mlp.act.in_c = isinstance(self.mlp.act, SiluAndMul)
+        self.attn.rope_in_c = self.attn.can_fuse_rope
 
 
 def layer_matrices(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
@@ -135,6 +157,9 @@ class LlamaModel(nn.Module):
             head.weight = self.embed
         self.lm_head: Linear = head if tp is None else VocabParallelHead(head, tp.comm, config.vocab_size)
         self.rotary = Rotary(config.inv_freq(), max_len)
+        local = config.local_inv_freq()
+        self.local_rotary = Rotary(local, max_len) if local is not None else None  # sliding-window layers'
+        self.window = config.sliding_window  # the sliding-window layers' window (None: no such layer)
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
         self.long_extend_min: int | None = None  # extends longer than this take lower-precision fallbacks
 
@@ -196,7 +221,8 @@ class LlamaModel(nn.Module):
         weights = []
         for i, layer in enumerate(self.layers):
             mats = (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down)
-            if not (layer.attn.rope_in_c and layer.qkv.bias is None and all(isinstance(m, BlockLinear) for m in mats)):
+            if not (layer.plain and layer.attn.rope_in_c and layer.qkv.bias is None
+                    and all(isinstance(m, BlockLinear) for m in mats)):
                 return
             weights.append(LayerWeights(layer.input_norm.weight, layer.post_attn_norm.weight, pool.k_buffer[i],
                                         pool.v_buffer[i], *(m.panels for m in mats)))
@@ -229,21 +255,30 @@ class LlamaModel(nn.Module):
         if plan is None:
             plan = plan_step(fb, self.config, self.one_call_rows, self.long_extend_min)
         h = embed_lookup(self.embed, fb.input_ids, self.tp)  # [T, hidden]
+        if self.config.embed_scale != 1.0:
+            h = h * self.config.embed_scale
         call = backend.decode_step(meta) if plan.one_call else None
         if call is not None:
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
                                  call.req_rows, call.seq_lens, call.shared)
         else:
-            ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=plan.wide)
+            ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=plan.wide, local_rotary=self.local_rotary)
+            if self.window is not None and any(p + e > self.window for p, e in zip(fb.prefix_lens, fb.extend_lens,
+                                                                                   strict=True)):
+                ctx.window_meta = backend.init_metadata(fb, req_to_token, window=self.window)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
+                if self.local_rotary is not None:
+                    ctx.local_cos, ctx.local_sin = self.local_rotary.gather(fb.positions, h.dtype)
             for layer in self.layers:
                 h = layer(h, ctx)
         if fb.hidden_indices is not None:  # embedding rows: the final norm's output, kept for the caller
             fb.hidden_out = self.norm(h.index_select(0, fb.hidden_indices)).float()  # [H, hidden]
         if not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):  # a decode's rows are its logits rows
             h = h.index_select(0, fb.logits_indices)  # [L, hidden]
-        return self.lm_head(self.norm(h)).float()  # [L, V]
+        logits = self.lm_head(self.norm(h)).float()  # [L, V]
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
 
     def load_weights(self, ckpt: Checkpoint, blocks: bool = False) -> None:
         """Read this rank's part of the HF-named checkpoint tensors (only that part; fails loudly on
@@ -261,7 +296,12 @@ class LlamaModel(nn.Module):
                     self.lm_head = BlockLinear(self.embed, None)
             else:
                 _copy_rows(self.embed, ckpt.get("model.embed_tokens.weight", rows=vocab))
-            self.norm.weight.copy_(ckpt.get("model.norm.weight"))
+            offset = self.config.norm_weight_offset  # HF Gemma's norms multiply by 1 + w
+
+            def norm(name: str) -> torch.Tensor:
+                return ckpt.get(name) + offset
+
+            self.norm.weight.copy_(norm("model.norm.weight"))
             if not self.config.tie_word_embeddings:
                 head = _load_matrix(ckpt, _dense(self.lm_head), ["lm_head.weight"], vocab, None, blocks)
                 if isinstance(self.lm_head, ShardedLinear):
@@ -270,14 +310,19 @@ class LlamaModel(nn.Module):
                     self.lm_head = head
             for i, layer in enumerate(self.layers):
                 p = f"model.layers.{i}."
-                layer.input_norm.weight.copy_(ckpt.get(p + "input_layernorm.weight"))
-                layer.post_attn_norm.weight.copy_(ckpt.get(p + "post_attention_layernorm.weight"))
+                layer.input_norm.weight.copy_(norm(p + "input_layernorm.weight"))
+                if layer.attn_out_norm is None:
+                    layer.post_attn_norm.weight.copy_(norm(p + "post_attention_layernorm.weight"))
+                else:
+                    layer.attn_out_norm.weight.copy_(norm(p + "post_attention_layernorm.weight"))
+                    layer.post_attn_norm.weight.copy_(norm(p + "pre_feedforward_layernorm.weight"))
+                    layer.mlp_out_norm.weight.copy_(norm(p + "post_feedforward_layernorm.weight"))
                 matrices = layer_matrices(plan)
                 if layer.qkv.bias is not None:
                     layer.qkv.bias.copy_(torch.cat([ckpt.get(p + n + ".bias", rows=r) for n, r, _ in matrices["qkv"]]))
                 if layer.attn.q_norm is not None:
-                    layer.attn.q_norm.copy_(ckpt.get(p + "self_attn.q_norm.weight"))
-                    layer.attn.k_norm.copy_(ckpt.get(p + "self_attn.k_norm.weight"))
+                    layer.attn.q_norm.copy_(norm(p + "self_attn.q_norm.weight"))
+                    layer.attn.k_norm.copy_(norm(p + "self_attn.k_norm.weight"))
                 for path, specs in matrices.items():
                     parent, _, attr = path.rpartition(".")
                     owner = layer.get_submodule(parent) if parent else layer

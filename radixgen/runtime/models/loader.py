@@ -7,6 +7,7 @@ from the file (os.pread of its bytes, so no page of the file stays mapped) into 
 own dtype; `get` dequantizes a tensor to float32 for what runs dense (norms, tensor-parallel shards, a
 GPU). Nothing is cached on disk and no float32 copy of the model is made. llama's attn_q / attn_k are
 stored permuted for llama.cpp's rotary layout and are un-permuted here (rows of the blocks, too).
+Each GGUF architecture's metadata and tensor names: `gguf_arch.py`.
 """
 
 from __future__ import annotations
@@ -23,21 +24,9 @@ import torch
 from radixgen.runtime.kernels.block_gemm import BlockWeight
 from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, DENSE_TYPES, KERNEL_BYTES, dense_from_gguf, from_gguf
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.gguf_arch import EXTRA_TENSORS, gguf_arch, gguf_config
 from radixgen.runtime.models.gguf_file import GGUFHeader, TensorInfo, read_header
 from radixgen.runtime.models.resolve import resolve_model_path
-
-GGUF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
 class Checkpoint(Protocol):
@@ -98,8 +87,18 @@ def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Check
             raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
         return config, SafetensorsCheckpoint(files)
     reader = gguf_reader(path)
-    config = gguf_config(reader)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    config = gguf_config(reader, None if freqs is None else _read_floats(path, freqs))
     return config, GGUFCheckpoint(path, reader, config)
+
+
+def _read_floats(path: Path, t: TensorInfo) -> tuple[float, ...]:
+    """A small F32 tensor's values (llama 3.1's rotary factors)."""
+    if t.qtype != "F32":
+        raise ValueError(f"{path.name}: tensor {t.name!r} is {t.qtype}, expected F32")
+    with open(path, "rb") as f:
+        f.seek(t.offset)
+        return tuple(np.frombuffer(f.read(t.n_bytes), dtype=np.float32).tolist())
 
 
 def gguf_reader(path: Path) -> GGUFHeader:
@@ -113,52 +112,10 @@ def _parse_gguf(path: str, size: int, mtime_ns: int) -> GGUFHeader:  # size and 
     return read_header(Path(path))
 
 
-def _gguf_field(reader: GGUFHeader, key: str, default=None):
-    return reader.get(key, default)
-
-
-def gguf_config(reader) -> ModelConfig:
-    arch = _gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"unsupported GGUF architecture {arch!r}: radixgen loads GGUF files of 'llama'")
-    p = f"{arch}."
-    heads = int(_gguf_field(reader, p + "attention.head_count"))
-    hidden = int(_gguf_field(reader, p + "embedding_length"))
-    names = {t.name for t in reader.tensors}
-    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
-    n_vocab = _gguf_field(reader, p + "vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
-    return ModelConfig(
-        arch="llama",
-        vocab_size=int(n_vocab),
-        hidden_size=hidden,
-        intermediate_size=int(_gguf_field(reader, p + "feed_forward_length")),
-        num_layers=int(_gguf_field(reader, p + "block_count")),
-        num_heads=heads,
-        num_kv_heads=int(_gguf_field(reader, p + "attention.head_count_kv", heads)),
-        head_dim=int(_gguf_field(reader, p + "rope.dimension_count", hidden // heads)),
-        rms_norm_eps=float(_gguf_field(reader, p + "attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(_gguf_field(reader, p + "rope.freq_base", 10000.0)),
-        max_position_embeddings=int(_gguf_field(reader, p + "context_length", 2048)),
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=(int(eos),) if eos is not None else (),
-    )
-
-
 def _unpermute_rows(out_dim: int, n_head: int) -> torch.Tensor:
     """Row order that undoes llama.cpp's per-head rotary permutation of a q/k weight [n_head * head_dim,
     in] (reshape [n_head, head_dim/2, 2, in], swap axes 1 and 2): new row r is old row index[r]."""
     return torch.arange(out_dim).reshape(n_head, out_dim // n_head // 2, 2).transpose(1, 2).reshape(-1)
-
-
-def _hf_name(gguf_name: str) -> str:
-    base, _, suffix = gguf_name.rpartition(".")
-    parts = base.split(".")
-    if parts[0] == "blk" and len(parts) == 3 and parts[2] in GGUF_LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{GGUF_LAYER_NAMES[parts[2]]}.{suffix}"
-    if base in GGUF_TOP_NAMES:
-        return f"{GGUF_TOP_NAMES[base]}.{suffix}"
-    raise ValueError(f"unexpected GGUF tensor {gguf_name!r}")
 
 
 class GGUFCheckpoint:
@@ -167,8 +124,10 @@ class GGUFCheckpoint:
 
     def __init__(self, path: Path, reader: GGUFHeader, config: ModelConfig) -> None:
         self.path = path
-        self._tensors = {_hf_name(t.name): t for t in reader.tensors}
-        self._heads = {"self_attn.q_proj.weight": config.num_heads, "self_attn.k_proj.weight": config.num_kv_heads}
+        arch = gguf_arch(reader)
+        self._tensors = {arch.hf_name(t.name): t for t in reader.tensors if t.name not in EXTRA_TENSORS}
+        self._heads = ({"self_attn.q_proj.weight": config.num_heads, "self_attn.k_proj.weight": config.num_kv_heads}
+                       if arch.permuted_qk else {})
         for t in reader.tensors:
             qtype = t.qtype
             if qtype not in BLOCK_BYTES and qtype not in DENSE_TYPES:

@@ -3,7 +3,9 @@
 A backend attends each request's new queries causally to its cached prefix plus its new tokens,
 reading K/V by slot through `req_to_token` (the new tokens' K/V are already stored). Backends:
 torch (SDPA, with decode rows in our C kernel on CPU: `torch_backend.py`) and Triton (GPU:
-`triton_backend.py`). Three optional capabilities:
+`triton_backend.py`). Sliding-window layers (`supports_sliding_window` backends) attend through a
+second metadata built with `window`: each query sees only the `window` latest keys up to itself.
+Three optional capabilities:
 - `decode_step(meta)`: a backend that can hand a whole pure-decode step to the model's one-call C
   decode (`kernels/decode_layers.py`) returns that step's decode call; others return None.
 - `use_bf16_long_extends(min_len, kv_dtype, heads, kv_heads, head_dim)`: attend requests extending
@@ -27,10 +29,12 @@ class AttentionBackend(ABC):
 
     name: str
     supports_cuda_graph: bool = False
+    supports_sliding_window: bool = False
 
     @abstractmethod
-    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor) -> Any:
-        """Index tensors for one step, shared by every layer."""
+    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor, window: int | None = None) -> Any:
+        """Index tensors for one step, shared by every layer (with `window`: by the sliding-window
+        layers of that window, each query attending to its `window` latest keys, itself included)."""
 
     @abstractmethod
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: Any,

@@ -3,7 +3,9 @@
 Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. Without q/k norms, rotary and the K/V store are
 one call on the projection in place: C with `rope_in_c` (CPU float32, `kernels/layer_ops.rope_store`),
 Triton with `triton_rope` (the Triton attention backend, `kernels/triton_rope.rope_store`);
-otherwise torch ops, with Qwen3's per-head q/k RMSNorm before the rotary.
+otherwise torch ops, with the per-head q/k RMSNorm (Qwen3, Gemma 3) before the rotary. A
+sliding-window layer (`window`) attends through the step's windowed metadata and may have its own
+rotary table (`local_rope`: Gemma 3's local layers).
 """
 
 from __future__ import annotations
@@ -35,15 +37,22 @@ class ForwardContext:
     cos: torch.Tensor | None = None  # [T, 1, D/2] gathered once per step for torch-path layers
     sin: torch.Tensor | None = None
     wide: tuple[tuple[int, int], ...] = ()  # rows of long extends, for the matrices (layers/linear.Runs)
+    window_meta: Any = None  # the backend's metadata for sliding-window layers (None: as `meta`)
+    local_rotary: Rotary | None = None  # sliding-window layers' own rotary table, if any
+    local_cos: torch.Tensor | None = None  # [T, 1, D/2] of `local_rotary`, for torch-path layers
+    local_sin: torch.Tensor | None = None
 
 
 class Attention(nn.Module):
-    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm_eps: float | None):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm_eps: float | None,
+                 scale: float | None = None, window: int | None = None, local_rope: bool = False):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.q_size, self.kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.window = window  # sliding window (keys, its own token included), None: all earlier tokens
+        self.local_rope = local_rope  # rotary from the context's local table
         self.eps = qk_norm_eps
         self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
@@ -61,7 +70,8 @@ class Attention(nn.Module):
         k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
         if self.rope_in_c or self.triton_rope is not None:
             rope_store = layer_ops.rope_store if self.rope_in_c else self.triton_rope
-            rope_store(qkv, self.num_heads, self.num_kv_heads, ctx.rotary.cos, ctx.rotary.sin, fb.positions,
+            rotary = ctx.local_rotary if self.local_rope else ctx.rotary
+            rope_store(qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, fb.positions,
                        fb.out_cache_loc, k_buf, v_buf)
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
         else:
@@ -71,6 +81,8 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q = F.rms_norm(q, (self.head_dim,), self.q_norm, self.eps)
                 k = F.rms_norm(k, (self.head_dim,), self.k_norm, self.eps)
-            q, k = Rotary.apply(q, ctx.cos, ctx.sin), Rotary.apply(k, ctx.cos, ctx.sin)
+            cos, sin = (ctx.local_cos, ctx.local_sin) if self.local_rope else (ctx.cos, ctx.sin)
+            q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
             pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
-        return ctx.backend.forward(q, k_buf, v_buf, ctx.meta, self.scale)
+        meta = ctx.window_meta if self.window is not None and ctx.window_meta is not None else ctx.meta
+        return ctx.backend.forward(q, k_buf, v_buf, meta, self.scale)

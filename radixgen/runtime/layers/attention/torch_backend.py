@@ -94,13 +94,19 @@ class AttentionMetadata:
 
     With `bf16_extend_min`, requests extending by more tokens (long prompt chunks, whose GEMMs the
     model runs in bfloat16) go to the bfloat16 C prompt attention; the others keep float32.
+
+    With `window` (sliding-window layers), each query attends to the `window` latest keys up to
+    itself: decode rows through a table of each request's last `window` slots (C kernel), the
+    others through SDPA with the window in the mask (`_windowed`).
     """
 
     calls: list[SdpaCall | DecodeCall | ExtendCall]
 
     @classmethod
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False,
-              bf16_extend_min: int | None = None) -> AttentionMetadata:
+              bf16_extend_min: int | None = None, window: int | None = None) -> AttentionMetadata:
+        if window is not None:
+            return cls(_windowed(fb, req_to_token, c_decode, window))
         device = req_to_token.device
         lens = fb.extend_lens
         cut = sys.maxsize if bf16_extend_min is None else max(bf16_extend_min, 1)  # longer extends: bfloat16
@@ -127,6 +133,71 @@ class AttentionMetadata:
             else:
                 calls.append(_sdpa_call(prefix_lens, extend_lens, req_rows, row_index, req_to_token))
         return cls(calls)
+
+
+def _windowed(fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool,
+              window: int) -> list[SdpaCall | DecodeCall | ExtendCall]:
+    """The calls of a sliding-window layer: decode rows (C kernel, with `c_decode`) apart from the rest."""
+    lens = fb.extend_lens
+    decode = [i for i, e in enumerate(lens) if e == 1] if c_decode else []
+    rest = [i for i, e in enumerate(lens) if not (c_decode and e == 1)]
+    starts = [0, *itertools.accumulate(lens)][:-1]
+    calls: list[SdpaCall | DecodeCall | ExtendCall] = []
+    for group in filter(None, (decode, rest)):
+        whole = len(group) == fb.batch_size
+        rows = None if whole else to_device(torch.tensor(
+            [r for i in group for r in range(starts[i], starts[i] + lens[i])]), req_to_token.device)
+        req_rows = fb.req_pool_indices if whole else fb.req_pool_indices.index_select(
+            0, to_device(torch.tensor(group, dtype=torch.int64), req_to_token.device))
+        prefix_lens = [fb.prefix_lens[i] for i in group]
+        if group is decode:
+            calls.append(_window_decode_call(rows, req_to_token, req_rows, prefix_lens, window))
+        else:
+            calls.append(_window_sdpa_call(rows, req_to_token, req_rows, prefix_lens, [lens[i] for i in group], window))
+    return calls
+
+
+def _window_decode_call(rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+                        prefix_lens: list[int], window: int) -> DecodeCall:
+    """Decode rows over a table of each request's last `window` KV slots [b, <= window]."""
+    seq = torch.tensor([p + 1 for p in prefix_lens], dtype=torch.int64)  # [b] keys up to the new token
+    lo = (seq - window).clamp_(min=0)  # [b] first key in the window
+    n = seq - lo  # [b]
+    pos = lo[:, None] + torch.arange(int(n.max()))[None, :]  # [b, n_max]
+    pos = torch.minimum(pos, (seq - 1)[:, None])  # past a request's keys: repeats its last (unread)
+    device = req_to_token.device
+    table = req_to_token[req_rows[:, None], to_device(pos, device)]  # [b, n_max]
+    return DecodeCall(rows, table, torch.arange(len(prefix_lens), device=device), n, None)
+
+
+def _window_sdpa_call(rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+                      prefix_lens: list[int], extend_lens: list[int], window: int) -> SdpaCall:
+    """SDPA for new tokens whose keys are the `window` latest up to each query: each request's keys
+    from the first its first query sees, the window and causality in the mask."""
+    device = req_to_token.device
+    lens = to_device(torch.tensor([prefix_lens, extend_lens], dtype=torch.int64), device)  # [2, B]
+    prefix, extend = lens[0], lens[1]  # [B]
+    seq = prefix + extend  # [B]
+    lo = (prefix - window + 1).clamp(min=0)  # [B] the first key the first new token sees
+    s_max = max(p + e - max(p - window + 1, 0) for p, e in zip(prefix_lens, extend_lens, strict=True))
+    e_max, b = max(extend_lens), len(extend_lens)
+    key_pos = lo[:, None] + torch.arange(s_max, device=device)[None, :]  # [B, S]
+    key_ok = key_pos < seq[:, None]  # [B, S]
+    slots = req_to_token[req_rows[:, None], key_pos.clamp(max=req_to_token.shape[1] - 1)]  # [B, S]
+    kv_index = torch.where(key_ok, slots, torch.zeros_like(slots))
+    q_idx = torch.arange(e_max, device=device)  # [E]
+    q_valid = q_idx[None, :] < extend[:, None]  # [B, E]
+    q_pos = prefix[:, None] + q_idx[None, :]  # [B, E]
+    mask = key_pos[:, None, :] <= q_pos[:, :, None]  # [B, E, S]
+    mask &= key_pos[:, None, :] > q_pos[:, :, None] - window
+    mask &= key_ok[:, None, :]
+    mask |= ~q_valid[:, :, None]  # padded query rows attend to everything (ignored later; avoids NaN)
+    if b == 1 or e_max == 1:
+        q_pad_index, q_unpad = None, None
+    else:
+        q_start = torch.cumsum(extend, 0) - extend  # [B]
+        q_pad_index, q_unpad = torch.where(q_valid, q_start[:, None] + q_idx[None, :], 0), q_valid  # [B, E]
+    return SdpaCall(rows, kv_index, q_pad_index, q_unpad, mask[:, None], False, b)
 
 
 SHARED_PREFIX_MIN = 64  # shortest common prefix worth a separate attention call (CPU)
@@ -290,6 +361,7 @@ class TorchAttention(AttentionBackend):
     `bf16_extend_min` set (`use_bf16_long_extends`), long prompt chunks go to the bfloat16 C kernel."""
 
     name = "torch"
+    supports_sliding_window = True
 
     def __init__(self, c_decode: bool) -> None:
         self.c_decode = c_decode
@@ -302,8 +374,10 @@ class TorchAttention(AttentionBackend):
         self.bf16_extend_min = min_len
         return True
 
-    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor) -> AttentionMetadata:
-        return AttentionMetadata.build(fb, req_to_token, c_decode=self.c_decode, bf16_extend_min=self.bf16_extend_min)
+    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor,
+                      window: int | None = None) -> AttentionMetadata:
+        return AttentionMetadata.build(fb, req_to_token, c_decode=self.c_decode, bf16_extend_min=self.bf16_extend_min,
+                                       window=window)
 
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:

@@ -24,7 +24,10 @@ class TritonAttention(AttentionBackend):
 
         self.kernels = triton_attention
 
-    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor):
+    def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor, window: int | None = None):
+        if window is not None:
+            raise ValueError("the triton attention backend has no sliding-window attention; use attention_backend="
+                             "'torch'")
         return self.kernels.TritonAttentionMetadata.build(fb, req_to_token, NUM_KV_SPLITS)
 
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta,

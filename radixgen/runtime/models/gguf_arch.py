@@ -1,0 +1,140 @@
+"""What each GGUF architecture means for us: its ModelConfig from the file's metadata and its tensor
+names in HF's naming.
+
+GGUF stores facts an HF config.json holds under `<arch>.*` keys, and leaves some to the loader
+that knows the architecture (llama.cpp's `llama-model.cpp`): Gemma 3's sliding-window layers are
+every layer but each sixth, with a rotary base of 10000, and its query scale is head_dim ** -0.5
+except on the 27B model. Names differ by architecture too: `ffn_norm` is the norm before the MLP,
+which HF calls `post_attention_layernorm` in Llama and `pre_feedforward_layernorm` in Gemma (where
+`post_attention_layernorm` is the norm on the attention's output). llama.cpp's converter adds 1 to
+Gemma's norm weights (HF computes x * (1 + w)), so from GGUF they multiply as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.gguf_file import GGUFHeader
+
+_COMMON_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+GEMMA3_SWA_PATTERN = 6  # llama.cpp: every sixth layer attends globally
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class GGUFArch:
+    """One GGUF architecture: its name in our ModelConfig, layer tensor names, and whether its q/k
+    rows are stored permuted for llama.cpp's interleaved rotary (llama's converter does that)."""
+
+    arch: str
+    layer_names: dict[str, str] = field(default_factory=dict)
+    permuted_qk: bool = False
+
+    def hf_name(self, gguf_name: str) -> str:
+        """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight` (ValueError if unknown)."""
+        base, _, suffix = gguf_name.rpartition(".")
+        parts = base.split(".")
+        if parts[0] == "blk" and len(parts) == 3 and parts[2] in self.layer_names:
+            return f"model.layers.{parts[1]}.{self.layer_names[parts[2]]}.{suffix}"
+        if base in TOP_NAMES:
+            return f"{TOP_NAMES[base]}.{suffix}"
+        raise ValueError(f"unexpected GGUF tensor {gguf_name!r} for architecture {self.arch!r}")
+
+
+_LLAMA_NAMES = {**_COMMON_LAYER_NAMES, "ffn_norm": "post_attention_layernorm"}
+ARCHS = {
+    "llama": GGUFArch("llama", _LLAMA_NAMES, permuted_qk=True),
+    "qwen2": GGUFArch("qwen2", _LLAMA_NAMES),
+    "qwen3": GGUFArch("qwen3", _LLAMA_NAMES),
+    "gemma3": GGUFArch("gemma3", {**_COMMON_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                                  "post_attention_norm": "post_attention_layernorm",
+                                  "post_ffw_norm": "post_feedforward_layernorm"}),
+}
+EXTRA_TENSORS = {"rope_freqs.weight"}  # read into the config (llama 3.1+ rotary factors), not weights
+
+
+def gguf_arch(reader: GGUFHeader) -> GGUFArch:
+    """The file's architecture (ValueError naming the supported ones)."""
+    name = reader.get("general.architecture")
+    if name not in ARCHS:
+        raise ValueError(f"unsupported GGUF architecture {name!r}: radixgen loads GGUF files of "
+                         f"{', '.join(repr(a) for a in ARCHS)}")
+    return ARCHS[name]
+
+
+def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None) -> ModelConfig:
+    """The ModelConfig of a GGUF file's metadata (`rope_freqs`: its `rope_freqs.weight`, if any)."""
+    arch = gguf_arch(reader).arch
+    p = f"{arch}."
+
+    def meta(key: str, default: object = None) -> object:
+        return reader.get(p + key, default)
+
+    heads = int(meta("attention.head_count"))
+    hidden = int(meta("embedding_length"))
+    layers = int(meta("block_count"))
+    head_dim = int(meta("attention.key_length") or meta("rope.dimension_count") or hidden // heads)
+    names = {t.name for t in reader.tensors}
+    eos = reader.get("tokenizer.ggml.eos_token_id")
+    n_vocab = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
+    scaling = _rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor"), rope_freqs)
+    gemma = arch == "gemma3"
+    window = meta("attention.sliding_window")
+    sliding: tuple[bool, ...] = ()
+    if gemma and window:
+        pattern = meta("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+        sliding = (tuple(bool(x) for x in pattern) if isinstance(pattern, list | tuple)
+                   else tuple((i + 1) % int(pattern) != 0 for i in range(layers)))
+    elif window:
+        sliding = (True,) * layers
+    scale = None
+    if gemma:  # llama.cpp: the 27B model scales by hidden / heads, the others by head_dim
+        scale = (hidden / heads) ** -0.5 if layers == 62 else head_dim**-0.5
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(n_vocab),
+        hidden_size=hidden,
+        intermediate_size=int(meta("feed_forward_length")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(meta("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        max_position_embeddings=int(meta("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=reader.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=(int(eos),) if eos is not None else (),
+        sliding_window=int(window) if sliding else None,
+        sliding_layers=sliding,
+        rope_local_theta=GEMMA3_LOCAL_ROPE_BASE if gemma else None,
+        query_scale=scale,
+        hidden_act="gelu_tanh" if gemma else "silu",
+        sandwich_norms=gemma,
+        embed_scale=hidden**0.5 if gemma else 1.0,
+    )
+
+
+def _rope_scaling(kind: object, factor: object, freqs: tuple[float, ...] | None) -> dict | None:
+    """HF-style rope scaling from GGUF's `rope.scaling.*` keys or llama 3.1's per-frequency factors."""
+    if freqs is not None:
+        return {"rope_type": "factors", "factors": freqs}
+    if kind in (None, "none") or not factor or float(factor) == 1.0:
+        return None
+    if kind != "linear":
+        raise ValueError(f"unsupported GGUF rope scaling type {kind!r} (supported: linear, per-frequency factors)")
+    return {"rope_type": "linear", "factor": float(factor)}
