@@ -170,32 +170,6 @@ def test_previous_response_id_chains_turns_through_the_cache(client):
         create(client, input="Hi.", previous_response_id=unstored.id)
 
 
-def test_background_cancel_get_and_delete(client, server):
-    long = create(client, input="Write a story.", background=True, max_output_tokens=1000,
-                  extra_body={"ignore_eos": True})
-    assert long.status == "queued" and long.background
-    assert client.responses.retrieve(long.id).status in ("queued", "in_progress")
-    assert client.responses.cancel(long.id).status == "cancelled"
-    assert client.responses.retrieve(long.id).status == "cancelled"
-
-    short = create(client, input="Name three colors.", background=True, max_output_tokens=24)
-    deadline = time.monotonic() + 60
-    while (done := client.responses.retrieve(short.id)).status in ("queued", "in_progress"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    assert done.status == "completed" and done.output_text == create(client, input="Name three colors.",
-                                                                      max_output_tokens=24).output_text
-    with pytest.raises(openai.BadRequestError):
-        client.responses.cancel(create(client, input="Hi.", max_output_tokens=2).id)  # not a background one
-
-    client.responses.delete(long.id)
-    for call in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
-        with pytest.raises(openai.NotFoundError) as e:
-            call(long.id)
-        assert e.value.body["code"] == "response_not_found"
-    assert kv_after_flush(server) == 0  # the cancelled run's KV was freed
-
-
 @pytest.mark.parametrize("body, param", [
     ({"input": []}, "input"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0"),
@@ -219,6 +193,42 @@ def test_bad_input_is_an_error_naming_the_field(server, body, param):
     assert status == (404 if param == "previous_response_id" else 400), out
     assert set(out["error"]) == {"message", "type", "param", "code"} and out["error"]["param"] == param, out
     assert server.post("/v1/responses", {"model": MODEL, "input": "Hi.", "max_output_tokens": 1})[0] == 200
+
+
+def test_background_cancel_get_and_delete(client, server):
+    long = create(client, input="Write a story.", background=True, max_output_tokens=1000,
+                  extra_body={"ignore_eos": True})
+    assert long.status == "queued" and long.background
+    assert client.responses.retrieve(long.id).status in ("queued", "in_progress")
+    assert client.responses.cancel(long.id).status == "cancelled"
+    assert client.responses.retrieve(long.id).status == "cancelled"
+
+    short = create(client, input="Name three colors.", background=True, max_output_tokens=24)
+    deadline = time.monotonic() + 60
+    while (done := client.responses.retrieve(short.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert done.status == "completed" and done.output_text == create(client, input="Name three colors.",
+                                                                      max_output_tokens=24).output_text
+    with pytest.raises(openai.BadRequestError):
+        client.responses.cancel(create(client, input="Hi.", max_output_tokens=2).id)  # not a background one
+
+    client.responses.delete(long.id)
+    for call in (client.responses.retrieve, client.responses.delete, client.responses.cancel):
+        with pytest.raises(openai.NotFoundError) as e:
+            call(long.id)
+        assert e.value.body["code"] == "response_not_found"
+    assert kv_after_flush(server) == 0  # the cancelled run's KV was freed, and no request above left any
+
+
+def test_a_stream_the_client_leaves_is_aborted(client, server):
+    stream = create(client, input="Write a story.", stream=True, max_output_tokens=2000,
+                    extra_body={"ignore_eos": True})
+    seen = [next(stream).type for _ in range(5)]
+    stream.close()
+    assert seen[-1] == "response.output_text.delta"
+    # 2000 tokens take far longer than this: the engine aborted the request when the stream closed
+    assert kv_after_flush(server, timeout=15) == 0
 
 
 def test_agents_sdk_runs_a_tool_then_a_structured_answer(server):
