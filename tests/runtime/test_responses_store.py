@@ -111,3 +111,12 @@ def test_a_forced_call_is_not_held_to_the_text_format():
     assert chat_request(ResponsesRequest.model_validate(body), []).response_format.json_schema.schema_ == schema
     forced = ResponsesRequest.model_validate(dict(body, tool_choice="required"))
     assert chat_request(forced, []).response_format is None
+
+
+def test_extensions_and_sampling_fields_pass_on_to_chat():
+    req = ResponsesRequest.model_validate({"input": "x", "max_output_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+                                           "seed": 3, "regex": "a+",
+                                           "chat_template_kwargs": {"enable_thinking": False}})
+    chat = chat_request(req, [])
+    assert (chat.max_completion_tokens, chat.temperature, chat.top_p, chat.seed) == (7, 0.5, 0.9, 3)
+    assert chat.regex == "a+" and chat.chat_template_kwargs == {"enable_thinking": False}

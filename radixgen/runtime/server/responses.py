@@ -111,6 +111,8 @@ def _snapshot(state: ServerState, req: ResponsesRequest, status: str) -> Respons
 
 async def create_response(state: ServerState, store: ResponseStore, owner: str, req: ResponsesRequest,
                           request: Request) -> Response:
+    """Answer a POST /v1/responses for `owner` (see the module docstring): the response as JSON, its
+    events as SSE, or at once a queued background response. Bad input raises a 400 before any work."""
     if req.background and not req.store:
         raise bad_request("background responses are stored: background=true needs store=true", "background")
     if req.background and req.stream:

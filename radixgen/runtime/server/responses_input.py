@@ -46,7 +46,8 @@ from radixgen.runtime.server.responses_protocol import (
 )
 
 # radixgen / SGLang extensions, passed on to chat as they are
-EXTENSIONS = ("seed", "top_k", "min_p", "repetition_penalty", "stop", "ignore_eos", "regex", "ebnf")
+EXTENSIONS = ("seed", "top_k", "min_p", "repetition_penalty", "stop", "ignore_eos", "regex", "ebnf",
+              "chat_template_kwargs")
 # chat's field -> this API's, for errors raised on the chat path
 _PARAMS = {"messages": "input", "response_format": "text.format", "max_tokens": "max_output_tokens",
            "max_completion_tokens": "max_output_tokens"}

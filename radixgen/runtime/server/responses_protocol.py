@@ -183,6 +183,7 @@ class ResponsesRequest(_Model):
     ignore_eos: bool | None = None
     regex: str | None = None
     ebnf: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. {"enable_thinking": false} for Qwen3
 
     @field_validator("input", mode="before")
     @classmethod
