@@ -70,6 +70,9 @@ def oracle(fmt: str, text: str, names=NAMES) -> list[tuple[str, dict]] | None:
     return [(o["name"], o.get("arguments", o.get("parameters"))) for o in objs]
 
 
+JSON_FORMATS = list(RECORDED)  # the formats of JSON call objects (the others: test_tool_call_parsers_more.py)
+
+
 def run(fmt: str, pieces: list[str], names=NAMES, max_calls: int | None = None) -> list:
     parser = ToolCallParser(TOOL_FORMATS[fmt], names, max_calls)
     events = [e for p in pieces for e in parser.feed(p)]
@@ -162,7 +165,7 @@ def test_unknown_tool_names_are_content(fmt, text):
     assert fold(run(fmt, list(text), names=("other",))) == (text, [])
 
 
-@pytest.mark.parametrize("fmt", list(TOOL_FORMATS))
+@pytest.mark.parametrize("fmt", JSON_FORMATS)
 def test_malformed_calls_are_content(fmt):
     f = TOOL_FORMATS[fmt]
     good = f.render_calls([("get_weather", {"city": "Rome"})])
@@ -185,7 +188,8 @@ def test_parallel_tool_calls_false_keeps_the_first():
 
 
 def test_format_round_trip_and_detection():
-    for fmt, f in TOOL_FORMATS.items():
+    for fmt in JSON_FORMATS:
+        f = TOOL_FORMATS[fmt]
         calls = [("get_weather", {"city": "Oslo"}), ("get_time", {"tz": "CET"})]
         text = f.render_calls(calls)
         assert oracle(fmt, text) == calls
@@ -200,7 +204,7 @@ ALPHABET = list('{}[]",: \n') + ["<tool_call>", "</tool_call>", "<|python_tag|>"
 
 
 @settings(max_examples=300, deadline=None)
-@given(fmt=st.sampled_from(list(TOOL_FORMATS)), base=st.sampled_from([t for _, t in CASES]),
+@given(fmt=st.sampled_from(JSON_FORMATS), base=st.sampled_from([t for _, t in CASES]),
        edits=st.lists(st.tuples(st.floats(0, 1), st.sampled_from(["del", "ins"]), st.sampled_from(ALPHABET)),
                       max_size=4),
        cuts=st.lists(st.floats(0, 1), max_size=8))

@@ -167,6 +167,8 @@ async def plan_chat(state: ServerState, req: ChatCompletionRequest) -> tuple[Pla
     sp = await state.offload(lambda: req.sampling_params(max_tokens, default_max_tokens=state.room(ids, req.n)))
     extra, cparam = await state.offload(constraint, state, req, sp, tools, reasoning)
     sp.update(extra)
+    if req.skip_special_tokens is None and tools.marked_by_special_tokens(state.tokenizer):
+        sp["skip_special_tokens"] = False  # the parser must see the format's markers in the text
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
     top = req.top_logprobs or 0

@@ -15,18 +15,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from radixgen.runtime.server.parsers import (
+    CallParser,
     ChoiceParser,
     ReasoningFormat,
     ReasoningParser,
     ToolCallFormat,
-    ToolCallParser,
     detect_format,
 )
-from radixgen.runtime.server.parsers.tool_formats import json_format
+from radixgen.runtime.server.parsers.call_format import json_format
 from radixgen.runtime.server.protocol import ChatCompletionRequest, NamedToolChoice, bad_request, checked_constraint
 from radixgen.runtime.server.state import ServerState
 
@@ -39,22 +39,38 @@ class ToolSetup:
     names: list[str]  # the functions the reply may call
     fmt: ToolCallFormat
     parallel: bool  # several calls in one reply
+    parameters: dict[str, dict | None] = field(default_factory=dict)  # each tool's parameters schema
+
+    def parser(self) -> CallParser:
+        """A parser of this reply's calls."""
+        return self.fmt.parser({n: self.parameters.get(n) for n in self.names}, None if self.parallel else 1)
+
+    def marked_by_special_tokens(self, tokenizer: Any) -> bool:
+        """Whether calls in this format are marked by special tokens of the vocabulary (Mistral's
+        `[TOOL_CALLS]`, Llama's `<|python_tag|>`), which detokenizing drops unless told to keep them."""
+        if self.mode == "none":
+            return False
+        special = getattr(getattr(tokenizer, "hf", None), "all_special_tokens", None) or ()
+        text = self.fmt.render_calls([("f", {})])
+        return any(tok in text for tok in special)
 
 
 def tool_setup(state: ServerState, req: ChatCompletionRequest) -> ToolSetup:
     names = [t.function.name for t in req.tools or []]
     choice = req.tool_choice
-    fmt = state.tool_format or detect_format(state.tokenizer.chat_template)
+    template = state.tokenizer.chat_template
+    fmt = state.tool_format.for_template(template) if state.tool_format else detect_format(template)
+    parameters = {t.function.name: t.function.parameters for t in req.tools or []}
     if choice is None:
-        return ToolSetup("auto" if names else "none", names, fmt, req.parallel_tool_calls)
+        return ToolSetup("auto" if names else "none", names, fmt, req.parallel_tool_calls, parameters)
     if not names and choice != "none":
         raise bad_request("tool_choice needs `tools`", "tool_choice")
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise bad_request(f"tool_choice names {choice.function.name!r}, which is not in tools {names}",
                               "tool_choice")
-        return ToolSetup("named", [choice.function.name], fmt, False)
-    return ToolSetup(choice, names, fmt, req.parallel_tool_calls)
+        return ToolSetup("named", [choice.function.name], fmt, False, parameters)
+    return ToolSetup(choice, names, fmt, req.parallel_tool_calls, parameters)
 
 
 def _arguments(raw: str) -> Any:
@@ -171,7 +187,7 @@ def choice_parsers(state: ServerState, tools: ToolSetup, reasoning: tuple[Reason
     """One output parser per choice."""
     def one() -> ChoiceParser:
         rp = ReasoningParser(*reasoning) if reasoning is not None else None
-        tp = ToolCallParser(tools.fmt, tools.names, None if tools.parallel else 1) if tools.mode != "none" else None
+        tp = tools.parser() if tools.mode != "none" else None
         return ChoiceParser(rp, tp)
 
     return [one() for _ in range(n)]

@@ -1,10 +1,12 @@
-"""Output parsers of the OpenAI chat endpoint: tool calls per model family, reasoning, and the JSON
-scanner they share. Each is a state machine over the generated text: feeding it the reply in any
+"""Output parsers of the OpenAI chat endpoint: tool calls per model family (JSON objects: tool_formats.py;
+mistral.py, pythonic.py, qwen3_coder.py), reasoning, and the JSON scanner they share. Each is a state
+machine over the generated text: feeding it the reply in any
 split gives the same events (events.py), which a stream sends as deltas and a plain response folds.
 """
 
 from __future__ import annotations
 
+from radixgen.runtime.server.parsers.call_format import CallParser
 from radixgen.runtime.server.parsers.choice import ChoiceParser
 from radixgen.runtime.server.parsers.events import CallArgs, CallRevoked, CallStart, Content, Event, Reasoning
 from radixgen.runtime.server.parsers.reasoning import FORMATS as REASONING_FORMATS
@@ -37,6 +39,7 @@ def reasoning_format_named(name: str | None) -> ReasoningFormat | None:
 
 __all__ = [
     "REASONING_PARSER_CHOICES", "TOOL_PARSER_CHOICES", "reasoning_format_named", "tool_format_named",
-    "REASONING_FORMATS", "TOOL_FORMATS", "CallArgs", "CallRevoked", "CallStart", "ChoiceParser", "Content", "Event",
+    "REASONING_FORMATS", "TOOL_FORMATS", "CallArgs", "CallParser", "CallRevoked", "CallStart", "ChoiceParser",
+    "Content", "Event",
     "Reasoning", "ReasoningFormat", "ReasoningParser", "ToolCallFormat", "ToolCallParser", "detect_format",
 ]

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from radixgen.runtime.server.parsers.call_format import CallParser
 from radixgen.runtime.server.parsers.events import Content, Event, append
 from radixgen.runtime.server.parsers.reasoning import ReasoningParser
-from radixgen.runtime.server.parsers.tool_calls import ToolCallParser
 
 
 class ChoiceParser:
     """Chains a reasoning parser and a tool-call parser (either may be None) over a reply's text."""
 
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
+    def __init__(self, reasoning: ReasoningParser | None, tools: CallParser | None) -> None:
         self.reasoning, self.tools = reasoning, tools
 
     @property

@@ -1,7 +1,8 @@
 """How model families write tool calls: the markers around the JSON call objects, how a past call is
 written back into the prompt, the instructions for chat templates that do not render tools, and the
 grammar (an XGrammar structural tag) that forces calls in the format when `tool_choice` is required
-or names a function.
+or names a function. The registry of every format (`--tool-call-parser` names, SGLang's) and the
+detection of a chat template's format are here too.
 
 - `hermes` (Hermes, Qwen2.5 / Qwen3, SmolLM3): one call per tag,
   `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, tags one after another.
@@ -10,6 +11,8 @@ or names a function.
 - `smollm2` (the format SmolLM2's tool-use prompt asks for, also what radixgen describes to models whose
   template has no tools): `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`; a bare
   JSON list or object at the start of the reply is read as calls too.
+- `mistral` (mistral.py), `pythonic` (pythonic.py), `qwen3_coder` (qwen3_coder.py): formats whose
+  calls are not one JSON object each.
 
 Formats were read off the model cards and chat templates; the parser (tool_calls.py) accepts either
 `arguments` or `parameters` in every format.
@@ -18,15 +21,28 @@ Formats were read off the model cards and chat templates; the parser (tool_calls
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-ARGS_KEYS = ("arguments", "parameters")  # the member holding a call's arguments, in every format
+from radixgen.runtime.server.parsers.call_format import (
+    ARGS_KEYS,
+    CallParser,
+    ToolCallFormat,
+    calls_format,
+    json_format,
+)
+from radixgen.runtime.server.parsers.mistral import MistralFormat
+from radixgen.runtime.server.parsers.pythonic import PythonicFormat
+from radixgen.runtime.server.parsers.qwen3_coder import Qwen3CoderFormat
+from radixgen.runtime.server.parsers.tool_calls import ToolCallParser
+
+__all__ = ["ARGS_KEYS", "FORMATS", "JsonCallFormat", "ToolCallFormat", "detect_format", "json_format"]
 
 
 @dataclass(frozen=True)
-class ToolCallFormat:
-    """One family's tool-call syntax (see the module docstring).
+class JsonCallFormat(ToolCallFormat):
+    """One family's syntax of JSON call objects (see the module docstring).
 
     The parser reads sections of calls between `open` and `close`; a reply making calls is written
     `head + separator.join(call_open + CALL + call_close) + tail`, CALL being the JSON call object.
@@ -48,29 +64,16 @@ class ToolCallFormat:
         objs = (json.dumps({"name": n, self.args_key: a}, ensure_ascii=False) for n, a in calls)
         return self.head + self.separator.join(self.call_open + o + self.call_close for o in objs) + self.tail
 
-    def instructions(self, functions: list[dict], parallel: bool) -> str:
-        """A system-prompt paragraph describing the tools, for templates that do not render them."""
-        arg = {"<argument>": "<value>"}
-        example = self.render_calls([("<function name>", arg)])
-        several = ""
-        if parallel:
-            two = self.render_calls([("<function name>", arg), ("<another function>", arg)])
-            several = f"To make several calls at once, write:\n{two}\n"
-        specs = "\n".join(json.dumps(f, ensure_ascii=False) for f in functions)
-        return (f"You can call the functions below. To call one, reply with only:\n{example}\n{several}"
-                f"Functions (JSON Schema):\n<tools>\n{specs}\n</tools>")
-
     def constraint(self, functions: list[tuple[str, dict]], parallel: bool) -> dict:
         """An XGrammar structural-tag format forcing one or more calls (one if not `parallel`) of these
         (name, parameters schema) functions. The name is part of each call's fixed opening text, so it
         is written first and the arguments stream after it."""
         tags = [{"type": "tag", "begin": f'{self.call_open}{{"name": {json.dumps(name)}, "{self.args_key}": ',
                  "content": json_format(params), "end": "}" + self.call_close} for name, params in functions]
-        calls = {"type": "tags_with_separator", "tags": tags, "separator": self.separator, "at_least_one": True,
-                 "stop_after_first": not parallel}
-        parts = [{"type": "const_string", "value": text} for text in (self.head,) if text]
-        parts += [calls] + [{"type": "const_string", "value": text} for text in (self.tail,) if text]
-        return calls if len(parts) == 1 else {"type": "sequence", "elements": parts}
+        return calls_format(tags, self.separator, parallel, self.head, self.tail)
+
+    def parser(self, functions: Mapping[str, dict | None], max_calls: int | None = None) -> CallParser:
+        return ToolCallParser(self, list(functions), max_calls)
 
     def call_schema(self, name: str, parameters: dict | None) -> dict:
         """JSON schema of one call object of function `name` (for backends without structural tags)."""
@@ -79,31 +82,33 @@ class ToolCallFormat:
                 "required": ["name", self.args_key], "additionalProperties": False}
 
 
-def any_of(schemas: list[dict]) -> dict:
-    return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-
-
-def json_format(schema: Any) -> dict:
-    """A structural-tag element for JSON matching `schema`; at most one whitespace character in a row
-    (JSON's own spacing, without letting a model pad output with endless blanks)."""
-    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
-
-
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (
-    ToolCallFormat("hermes", "<tool_call>", "</tool_call>", bare_start=False, args_key="arguments",
+    JsonCallFormat("hermes", "<tool_call>", "</tool_call>", bare_start=False, args_key="arguments",
                    head="", call_open="<tool_call>\n", call_close="\n</tool_call>", separator="\n", tail=""),
-    ToolCallFormat("llama3_json", "<|python_tag|>", None, bare_start=True, args_key="parameters",
+    JsonCallFormat("llama3_json", "<|python_tag|>", None, bare_start=True, args_key="parameters",
                    head="", call_open="", call_close="", separator="; ", tail=""),
-    ToolCallFormat("smollm2", "<tool_call>", "</tool_call>", bare_start=True, args_key="arguments",
+    JsonCallFormat("smollm2", "<tool_call>", "</tool_call>", bare_start=True, args_key="arguments",
                    head="<tool_call>[", call_open="", call_close="", separator=", ", tail="]</tool_call>"),
+    MistralFormat(compact=False),
+    PythonicFormat(),
+    Qwen3CoderFormat(),
 )}
 
 
 def detect_format(chat_template: str | None) -> ToolCallFormat:
-    """The tool-call format a chat template uses (SmolLM2's for templates that show none)."""
+    """The tool-call format a chat template uses (SmolLM2's for templates that show none), in the
+    variant it writes (`ToolCallFormat.for_template`)."""
     text = chat_template or ""
-    if "<tool_call>" in text and "tools" in text:
-        return FORMATS["hermes"]
-    if "<|python_tag|>" in text or "ipython" in text:
-        return FORMATS["llama3_json"]
-    return FORMATS["smollm2"]
+    if "<function=" in text and "<parameter=" in text:
+        found = FORMATS["qwen3_coder"]
+    elif "<tool_call>" in text and "tools" in text:
+        found = FORMATS["hermes"]
+    elif "[TOOL_CALLS]" in text:
+        found = FORMATS["mistral"]
+    elif "<|python_tag|>" in text or "ipython" in text:
+        found = FORMATS["llama3_json"]
+    elif "[func_name1(" in text or "<|python_start|>" in text:  # Llama 3.2 / 4's pythonic instructions
+        found = FORMATS["pythonic"]
+    else:
+        found = FORMATS["smollm2"]
+    return found.for_template(chat_template)
