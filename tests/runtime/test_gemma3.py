@@ -1,0 +1,115 @@
+"""Gemma 3 against HF transformers: a tiny random-weight model (sliding-window layers past their
+window, their own rotary base, q/k norms, sandwich norms, GeGLU, scaled embedding, soft-capped
+logits) from safetensors and from its GGUF conversion (HF reads that file with its own GGUF loader),
+through prefill, split extends, decode and the engine's chunked prefill and radix cache; then the
+public Gemma 3 270M Q4_K_M file itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixgen.runtime.engine import Engine
+from radixgen.runtime.tokenizer import load_tokenizer
+from tests.conftest import build_tiny_model
+from tests.runtime.test_model_logits import PROMPT, check_model
+
+LONG = " ".join([PROMPT] * 3)  # ~60 tokens: past the tiny model's 16-token window
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("gemma3"), "gemma3")
+
+
+def test_tiny_gemma3_matches_hf_past_the_window(tiny_gemma):
+    ids = load_tokenizer(tiny_gemma).encode(LONG)
+    assert len(ids) > 3 * 16
+    check_model(tiny_gemma, ids)
+
+
+def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):
+    """Requests sharing a prefix longer than the window, prefilled in chunks shorter and longer than
+    it, run together and one after another (the second from the radix cache): greedy ids equal HF's."""
+    import transformers
+
+    tok = load_tokenizer(tiny_gemma)
+    prompts = [LONG + tail for tail in (" Spain", " The capital of Japan", " And so on and so forth")]
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_gemma), dtype=torch.float32).eval()
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([tok.encode(p)])
+            expected.append(ref.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist())
+    for chunk in (12, 40):
+        eng = Engine(model=str(tiny_gemma), chunked_prefill_size=chunk, max_total_tokens=2048, num_threads=1)
+        try:
+            params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+            together = eng.generate(prompts, params)
+            again = [eng.generate(p, params) for p in prompts]  # from the radix cache
+            assert again[1]["meta_info"]["cached_tokens"] > 16
+        finally:
+            eng.shutdown()
+        assert [o["output_ids"] for o in together] == expected
+        assert [o["output_ids"] for o in again] == expected
+
+
+# Gemma 3 270M Q4_K_M's mix: the embedding Q8_0, q/k/gate/up Q5_0, v Q8_0, o Q4_K, down Q6_K
+Q4_K_M_MIX = {"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K"}
+
+
+def test_tiny_gemma3_gguf_matches_hf_gguf_loader(tmp_path):
+    """A GGUF as llama.cpp's converter writes one (its tensor names, 1 + w norms, the window in metadata,
+    the layer pattern and the local rotary base implied), in the 270M file's quant mix: HF reads it with
+    its own GGUF loader; the logits agree past the window."""
+    from tests.runtime.gguf_models import VOCAB, write_tiny_gemma3_gguf
+
+    path = write_tiny_gemma3_gguf(tmp_path / "gemma3.gguf", Q4_K_M_MIX, "Q5_0")
+    ids = torch.randint(3, VOCAB, (60,), generator=torch.Generator().manual_seed(0)).tolist()
+    check_model(path, ids)
+
+
+STORY = ("The lighthouse keeper on the northern island kept a logbook of every ship that passed. "
+         "In spring the fishing boats came first, then the ferries, and in summer the sailing yachts. ")
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Write a JSON object with a name and an age:",
+           STORY * 18 + "The keeper wrote that the last ship of the year was"]  # ~660 tokens: past the 512 window
+
+
+@pytest.fixture(scope="module")
+def gemma3_engine(gemma3_path):
+    eng = Engine(model=str(gemma3_path), max_total_tokens=8192)
+    yield eng
+    eng.shutdown()
+
+
+def test_gemma3_270m_greedy_equals_hf(gemma3_path, gemma3_engine):
+    """The public file: greedy continuations equal HF transformers' on the same file (HF's own GGUF
+    loader), one prompt past the 512-token window of its local layers."""
+    import transformers
+
+    tok = gemma3_engine.tokenizer
+    ours = [gemma3_engine.generate(p, {"max_new_tokens": 24, "temperature": 0})["output_ids"] for p in PROMPTS]
+    assert len(tok.encode(PROMPTS[-1])) > 512
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(gemma3_path.parent), gguf_file=gemma3_path.name,
+                                                            dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p, out in zip(PROMPTS, ours, strict=True):
+            ids = torch.tensor([tok.encode(p)])
+            expected = ref.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist()
+            assert out == expected[: len(out)], (p[:40], tok.decode(out), tok.decode(expected))
+
+
+def test_gemma3_270m_json_schema_output_is_valid(gemma3_engine):
+    """Constrained decoding over the 262k vocabulary: the output parses and validates."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+              "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+                             "city": {"type": "string", "maxLength": 20}}}
+    outs = gemma3_engine.generate(["A person as JSON:", "Marie is 31 and lives in Lyon. As JSON:"],
+                                  {"max_new_tokens": 80, "temperature": 0, "json_schema": json.dumps(schema)})
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), schema)
