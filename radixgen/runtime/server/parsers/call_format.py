@@ -26,6 +26,14 @@ class CallParser(Protocol):
     def finish(self) -> list[Event]: ...
 
 
+class SectionSyntax(Protocol):
+    """What tool_calls.py's parser reads of a format whose calls are JSON objects in marked sections."""
+
+    open: str | None  # marker opening a section of calls
+    close: str | None  # marker closing it (None: the section runs to the end of the calls)
+    bare_start: bool  # a reply that starts with `{` or `[` opens a section without the marker
+
+
 class ToolCallFormat:
     """One family's tool-call syntax: how calls are written, described, forced and parsed."""
 

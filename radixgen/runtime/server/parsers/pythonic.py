@@ -299,3 +299,4 @@ class PythonicParser:
     def _close_call(self) -> None:
         self._send("}" if self._args else "{}")
         self.mode, self._after_call, self._call, self._markup = LIST, True, "", ""
+        self._committed, self._index = False, None  # a failure from here on leaves this call done

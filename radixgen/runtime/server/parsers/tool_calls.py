@@ -25,14 +25,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from radixgen.runtime.server.parsers.call_format import ARGS_KEYS
+from radixgen.runtime.server.parsers.call_format import ARGS_KEYS, SectionSyntax
 from radixgen.runtime.server.parsers.events import CallArgs, CallRevoked, CallStart, Content, Event, append
 from radixgen.runtime.server.parsers.json_scan import ERROR, Begin, End, JsonScanner, Key
-
-if TYPE_CHECKING:
-    from radixgen.runtime.server.parsers.tool_formats import JsonCallFormat
 
 _WS = " \t\n\r"
 TEXT, SECTION, CALL, PLAIN = range(4)
@@ -45,7 +41,7 @@ def new_call_id() -> str:
 class ToolCallParser:
     """Parses tool calls of `fmt` for the tools `names`; with `max_calls`, later calls are dropped."""
 
-    def __init__(self, fmt: JsonCallFormat, names: Sequence[str], max_calls: int | None = None) -> None:
+    def __init__(self, fmt: SectionSyntax, names: Sequence[str], max_calls: int | None = None) -> None:
         for marker in (fmt.open, fmt.close):
             # re-scanning only the mismatching character after a partial marker is exact for markers
             # whose first character does not occur again in them
