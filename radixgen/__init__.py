@@ -25,6 +25,7 @@ from radixgen.lang.api import (
     greedy_token_selection,
     image,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -67,6 +68,7 @@ __all__ = [
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "Engine", "Function", "OpenAI", "ProgramError",
     "ProgramState", "Runtime", "RuntimeEndpoint", "assistant", "assistant_begin", "assistant_end", "flush_cache",
     "function", "gen", "gen_int", "gen_string", "get_default_backend", "get_server_info", "global_config",
-    "greedy_token_selection", "image", "select", "set_default_backend", "system", "system_begin", "system_end",
+    "greedy_token_selection", "image", "select", "separate_reasoning", "set_default_backend", "system",
+    "system_begin", "system_end",
     "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin", "user_end", "video",
 ]

@@ -14,6 +14,7 @@ from radixgen.lang.api import (
     get_server_info,
     greedy_token_selection,
     select,
+    separate_reasoning,
     set_default_backend,
     system,
     system_begin,
@@ -32,6 +33,7 @@ __all__ = [
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "flush_cache", "get_server_info", "global_config",
     "Function", "ProgramError", "ProgramState", "ProgramStateGroup", "assistant", "assistant_begin",
     "assistant_end", "function", "gen", "gen_int", "gen_string", "get_default_backend",
-    "greedy_token_selection", "select", "set_default_backend", "system", "system_begin", "system_end",
+    "greedy_token_selection", "select", "separate_reasoning", "set_default_backend", "system", "system_begin",
+    "system_end",
     "token_length_normalized", "unconditional_likelihood_normalized", "user", "user_begin", "user_end",
 ]

@@ -22,10 +22,12 @@ from radixgen.lang.choices import (
 )
 from radixgen.lang.global_config import global_config
 from radixgen.lang.interpreter import ProgramState, run_program, run_program_batch
+from radixgen.lang.reasoning import reasoning_tags
 from radixgen.lang.tracer import TraceResult, extract_prefix, trace_program
 
 __all__ = [
-    "Function", "function", "gen", "gen_int", "gen_string", "select", "system", "user", "assistant",
+    "Function", "function", "gen", "gen_int", "gen_string", "select", "separate_reasoning", "system", "user",
+    "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end",
     "set_default_backend", "get_default_backend", "token_length_normalized", "greedy_token_selection",
     "unconditional_likelihood_normalized", "dtype_regex", "flush_cache", "get_server_info", "image", "video",
@@ -256,6 +258,24 @@ def function(func: Callable | None = None, num_api_spec_tokens: int | None = Non
 def flush_cache(backend: Any = None) -> None:
     """Empty the prefix cache of `backend` (default: the default backend)."""
     resolve_backend(backend).flush_cache()
+
+
+def separate_reasoning(expr: Any = None, model_type: str | None = None) -> ir.Expr:
+    """`expr` (a named `gen` or `select`, or expressions holding some), then the split of each one's
+    reasoning out of its value, as SGLang's frontend defines it: the variable keeps the answer, a
+    variable `<name>_reasoning_content` gets the reasoning, and the reasoning leaves the program's text
+    too. `model_type` names the reasoning format (`qwen3`, `qwen3-thinking`, `deepseek-r1`:
+    lang/reasoning.py). Like SGLang, it does nothing in a streamed program (`stream=True`)."""
+    reasoning_tags(model_type)
+    if expr is None:
+        return ir.ExprList([])
+    leaves = ir.flatten(ir.to_expr(expr))
+    targets = [e for e in leaves if isinstance(e, (ir.Gen, ir.Select))]
+    for e in targets:
+        if e.name is None:
+            raise ValueError("separate_reasoning needs the gen or select to have a name: its reasoning is stored "
+                             "under <name>_reasoning_content")
+    return ir.ExprList([*leaves, *(ir.SeparateReasoning(model_type, e.name) for e in targets)])
 
 
 def get_server_info(backend: Any = None) -> dict:

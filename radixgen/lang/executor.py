@@ -38,6 +38,7 @@ from radixgen.lang import ir
 from radixgen.lang.backends.base import Backend, ChatTemplate, Context
 from radixgen.lang.choices import token_length_normalized
 from radixgen.lang.global_config import global_config
+from radixgen.lang.reasoning import reasoning_tags, split_reasoning
 
 logger = logging.getLogger("radixgen.lang")
 
@@ -170,7 +171,7 @@ class StreamExecutor:
                         self.auto_names += 1
                         e.name = f"_gen_{self.auto_names}"
                     self.var_events[e.name] = threading.Event()
-                elif isinstance(e, ir.VarScopeEnd):
+                elif isinstance(e, (ir.VarScopeEnd, ir.SeparateReasoning)):
                     self.var_events[e.name] = threading.Event()
             ended = self.body_done.is_set()
             if not ended:
@@ -351,6 +352,8 @@ class StreamExecutor:
             self.scopes[e.name] = len(self.text_)
         elif isinstance(e, ir.VarScopeEnd):
             self._set(e.name, self.text_[self.scopes.pop(e.name):], None)
+        elif isinstance(e, ir.SeparateReasoning):
+            self._separate_reasoning(e)
         elif isinstance(e, _CommitPrefix):
             if self.text_:
                 self.backend.cache_prefix(self.text_)
@@ -390,6 +393,25 @@ class StreamExecutor:
             self._append(value if isinstance(value, str) else value[0])
         self._record("gen", e.name, meta, t0, start)
         self._set(e.name, value, meta)
+
+    def _separate_reasoning(self, e: ir.SeparateReasoning) -> None:
+        """The target keeps its answer, `e.name` gets the reasoning, and the text keeps only the answer
+        where the value ends it (right after its gen). Skipped when streaming, as SGLang does (the
+        reasoning variable is then missing: reading it raises KeyError instead of waiting forever)."""
+        if self.stream:
+            with self.cond:
+                self.var_events[e.name].set()
+            return
+        value = self.variables[e.target]
+        if not isinstance(value, str):
+            raise ValueError(f"separate_reasoning: {e.target!r} holds {type(value).__name__}, not one text "
+                             "(a gen with n > 1?)")
+        reasoning, answer = split_reasoning(value, reasoning_tags(e.model_type))
+        with self.cond:
+            if value and self.text_.endswith(value):
+                self.text_ = self.text_[: len(self.text_) - len(value)] + answer
+        self._set(e.target, answer, self.meta_info.get(e.target))
+        self._set(e.name, reasoning, None)
 
     def _select(self, e: ir.Select) -> None:
         ctx, start, t0 = self._ctx(), len(self.text_), time.perf_counter()

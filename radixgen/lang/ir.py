@@ -157,6 +157,19 @@ class ExprList(Expr):
     exprs: list[Expr]
 
 
+@dataclass(eq=False)
+class SeparateReasoning(Expr):
+    """Split the reasoning out of the finished variable `target` (lang/reasoning.py): `target` keeps the
+    answer, `name` (`<target>_reasoning_content`) gets the reasoning."""
+
+    model_type: str
+    target: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.target}_reasoning_content"
+
+
 ROLES = ("system", "user", "assistant")
 
 
