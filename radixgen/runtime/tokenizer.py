@@ -29,9 +29,11 @@ class Tokenizer:
         eos = set()
         if hf.eos_token_id is not None:
             eos.add(int(hf.eos_token_id))
-        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>"):
+        added = getattr(hf, "added_tokens_decoder", {})
+        for name in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>", "<end_of_turn>"):
             tid = hf.convert_tokens_to_ids(name)
-            if isinstance(tid, int) and tid != hf.unk_token_id and name in hf.all_special_tokens:
+            special = name in hf.all_special_tokens or (tid in added and added[tid].special)
+            if isinstance(tid, int) and tid != hf.unk_token_id and special:
                 eos.add(tid)
         self.eos_token_ids: list[int] = sorted(eos)
         self.chat_template: str | None = getattr(hf, "chat_template", None)
@@ -70,9 +72,22 @@ def load_tokenizer(model: str | os.PathLike | None = None) -> Tokenizer:
     path = resolve_model_path(model)
     if path.is_dir():
         return Tokenizer(AutoTokenizer.from_pretrained(str(path)))
+    tok = Tokenizer(_gguf_tokenizer(path))
+    if tok.chat_template is None:  # a GGUF without one: the template its architecture is trained on, if known
+        from radixgen.runtime.models.loader import gguf_reader
+        from radixgen.runtime.server.chat_templates import template_for_arch
+
+        tok.chat_template = template_for_arch(gguf_reader(path).get("general.architecture"))
+    return tok
+
+
+def _gguf_tokenizer(path: os.PathLike) -> Any:
+    """The HF tokenizer converted from GGUF file `path` (cached after the first conversion)."""
+    from transformers import AutoTokenizer
+
     cached = cache_dir_for(path) / "tokenizer"
     if (cached / "tokenizer.json").is_file():
-        return Tokenizer(AutoTokenizer.from_pretrained(str(cached)))
+        return AutoTokenizer.from_pretrained(str(cached))
     logger.info("converting the tokenizer of %s (first load of this file, ~10 s; cached in %s)", path.name, cached)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
@@ -81,7 +96,7 @@ def load_tokenizer(model: str | os.PathLike | None = None) -> Tokenizer:
         os.replace(tmp, cached)
     except OSError:  # another process won the race; its copy is as good as ours
         pass
-    return Tokenizer(hf)
+    return hf
 
 
 @dataclass

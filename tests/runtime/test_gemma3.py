@@ -113,3 +113,12 @@ def test_gemma3_270m_json_schema_output_is_valid(gemma3_engine):
     for o in outs:
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
         jsonschema.validate(json.loads(o["text"]), schema)
+
+
+def test_gemma3_270m_turns_end_at_end_of_turn(gemma3_engine):
+    """The file lists only <eos> as its end; a chat reply ends at <end_of_turn> too (its template's turn end)."""
+    tok = gemma3_engine.tokenizer
+    end = tok.hf.convert_tokens_to_ids("<end_of_turn>")
+    assert end in tok.eos_token_ids and 1 in tok.eos_token_ids
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert prompt == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"

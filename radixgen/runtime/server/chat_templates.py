@@ -3,6 +3,9 @@ tokenizer's own (SGLang's flag; its names where it has the same template).
 
 - `chatml`: `<|im_start|>role\\ncontent<|im_end|>\\n` turns, no default system prompt.
 - `llama-3-instruct`: Llama 3's header turns, `<|start_header_id|>role<|end_header_id|>\\n\\n...<|eot_id|>`.
+- `gemma-it`: Gemma's turns, `<start_of_turn>user\\n...<end_of_turn>\\n`, the assistant as `model`, a
+  system message folded into the first user turn (Gemma has no system role). Also the template of a
+  Gemma GGUF that carries none (`template_for_arch`).
 
 Both are written from the formats' published descriptions; a model's own template (tools, default
 system prompts, thinking switches) stays the better choice where it has one.
@@ -27,7 +30,31 @@ KNOWN_TEMPLATES: dict[str, str] = {
         "{%- endfor %}"
         "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
     ),
+    "gemma-it": (
+        "{%- macro text(content) -%}"
+        "{%- if content is string -%}{{ content }}"
+        "{%- else -%}{%- for part in content if part['type'] == 'text' -%}{{ part['text'] }}{%- endfor -%}"
+        "{%- endif -%}"
+        "{%- endmacro -%}"
+        "{{- bos_token }}"
+        "{%- if messages and messages[0]['role'] == 'system' -%}"
+        "{%- set first_prefix = text(messages[0]['content']) | trim + '\\n\\n' -%}"
+        "{%- set turns = messages[1:] -%}"
+        "{%- else -%}{%- set first_prefix = '' -%}{%- set turns = messages -%}{%- endif -%}"
+        "{%- for message in turns -%}"
+        "{{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\\n' }}"
+        "{{- (first_prefix if loop.first else '') + text(message['content']) | trim + '<end_of_turn>\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' }}{%- endif -%}"
+    ),
 }
+ARCH_TEMPLATES = {"gemma3": "gemma-it"}  # for a GGUF of this architecture that carries no chat template
+
+
+def template_for_arch(arch: str | None) -> str | None:
+    """The known template a model of `arch` is trained on, for files that carry none (None: not known)."""
+    name = ARCH_TEMPLATES.get(arch or "")
+    return KNOWN_TEMPLATES[name] if name else None
 
 
 def load_chat_template(spec: str) -> str:
