@@ -18,7 +18,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
-    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | gemma3) plus the SmolLM2 tokenizer.
+    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | gemma3 | mistral) plus the SmolLM2 tokenizer.
 
     gemma3: a 16-token sliding window on two of three layers (their own rotary base), a query scale
     that is not head_dim's, a final logit soft-cap and a tied head, so each feature shows in logits."""
@@ -34,6 +34,7 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }[arch]
     if arch in ("qwen3", "gemma3"):
         kw.setdefault("head_dim", 32)

@@ -2,9 +2,10 @@
 names in HF's naming.
 
 GGUF stores facts an HF config.json holds under `<arch>.*` keys, and leaves some to the loader
-that knows the architecture (llama.cpp's `llama-model.cpp`): Gemma 3's sliding-window layers are
-every layer but each sixth, with a rotary base of 10000, and its query scale is head_dim ** -0.5
-except on the 27B model. Names differ by architecture too: `ffn_norm` is the norm before the MLP,
+that knows the architecture (llama.cpp's `models/gemma3.cpp`): unless the file says otherwise
+(`attention.sliding_window_pattern`, `rope.freq_base_swa`), Gemma 3's sliding-window layers are every
+layer but each sixth, with a rotary base of 10000, and its query scale is head_dim ** -0.5 except on
+the 27B model. Names differ by architecture too: `ffn_norm` is the norm before the MLP,
 which HF calls `post_attention_layernorm` in Llama and `pre_feedforward_layernorm` in Gemma (where
 `post_attention_layernorm` is the norm on the attention's output). llama.cpp's converter adds 1 to
 Gemma's norm weights (HF computes x * (1 + w)), so from GGUF they multiply as they are.
@@ -121,11 +122,12 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
         eos_token_ids=(int(eos),) if eos is not None else (),
         sliding_window=int(window) if sliding else None,
         sliding_layers=sliding,
-        rope_local_theta=GEMMA3_LOCAL_ROPE_BASE if gemma else None,
+        rope_local_theta=float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)) if gemma else None,
         query_scale=scale,
         hidden_act="gelu_tanh" if gemma else "silu",
         sandwich_norms=gemma,
         embed_scale=hidden**0.5 if gemma else 1.0,
+        final_logit_softcap=float(meta("final_logit_softcapping")) if meta("final_logit_softcapping") else None,
     )
 
 

@@ -1,0 +1,68 @@
+"""A tiny HF model written as a GGUF file the way llama.cpp's converter names and lays it out, with
+`gguf`'s own writer, for tests that load the file in radixgen and in HF transformers' GGUF loader.
+
+Matrices are quantized with gguf-py (`qtype`), norms and biases stay F32; the vocabulary is made-up
+tokens (the logits are compared on token ids). Only what the tests' architectures need is written.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+from safetensors.numpy import load_file
+
+LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+               "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def gguf_name(hf_name: str) -> str:
+    base, _, suffix = hf_name.rpartition(".")
+    if base in TOP_NAMES:
+        return f"{TOP_NAMES[base]}.{suffix}"
+    _, _, layer, rest = base.split(".", 3)  # model.layers.N.<rest>
+    return f"blk.{layer}.{LAYER_NAMES[rest]}.{suffix}"
+
+
+def convert(hf_dir: Path, out: Path, arch: str, qtype: str = "Q8_0") -> Path:
+    """Write the HF model in `hf_dir` (qwen2 or qwen3) as GGUF `out`, matrices in `qtype`."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tensors = {}
+    for f in sorted(hf_dir.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    heads, vocab = cfg["num_attention_heads"], cfg["vocab_size"]
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(float(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 1e4)))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"<{i}>" for i in range(vocab)])
+    writer.add_token_types([gguf.TokenType.NORMAL] * vocab)
+    writer.add_bos_token_id(cfg["bos_token_id"])
+    writer.add_eos_token_id(cfg["eos_token_id"])
+    kind = gguf.GGMLQuantizationType[qtype]
+    for name, t in tensors.items():
+        t = t.astype(np.float32)
+        if t.ndim == 2 and qtype != "F32":
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(t, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name(name), t)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
