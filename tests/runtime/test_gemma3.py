@@ -30,8 +30,11 @@ def test_tiny_gemma3_matches_hf_past_the_window(tiny_gemma):
 
 def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):
     """Requests sharing a prefix longer than the window, prefilled in chunks shorter and longer than
-    it, run together and one after another (the second from the radix cache): greedy ids equal HF's."""
+    it, run together and one after another (the second from the radix cache), and with n-gram drafts
+    verified past the window (every proposed draft kept): greedy ids equal HF's."""
     import transformers
+
+    from radixgen.runtime.scheduler.speculator import StepCosts
 
     tok = load_tokenizer(tiny_gemma)
     prompts = [LONG + tail for tail in (" Spain", " The capital of Japan", " And so on and so forth")]
@@ -41,13 +44,18 @@ def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):
         for p in prompts:
             ids = torch.tensor([tok.encode(p)])
             expected.append(ref.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist())
-    for chunk in (12, 40):
-        eng = Engine(model=str(tiny_gemma), chunked_prefill_size=chunk, max_total_tokens=2048, num_threads=1)
+    for chunk, spec in ((12, None), (40, None), (40, "ngram")):
+        eng = Engine(model=str(tiny_gemma), chunked_prefill_size=chunk, max_total_tokens=2048, num_threads=1,
+                     speculative_algorithm=spec)
+        if spec:
+            eng.scheduler.speculator.costs = StepCosts(1e9, learn=False)  # rows cost nothing: draft what is found
         try:
             params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
             together = eng.generate(prompts, params)
             again = [eng.generate(p, params) for p in prompts]  # from the radix cache
             assert again[1]["meta_info"]["cached_tokens"] > 16
+            if spec:
+                assert sum(o["meta_info"]["spec_num_proposed_drafts"] for o in together + again) > 0
         finally:
             eng.shutdown()
         assert [o["output_ids"] for o in together] == expected
