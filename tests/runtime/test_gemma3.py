@@ -44,17 +44,17 @@ def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):
         for p in prompts:
             ids = torch.tensor([tok.encode(p)])
             expected.append(ref.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:].tolist())
-    for chunk, spec in ((12, None), (40, None), (40, "ngram")):
+    for chunk, spec in ((12, "none"), (40, "none"), (40, "ngram")):
         eng = Engine(model=str(tiny_gemma), chunked_prefill_size=chunk, max_total_tokens=2048, num_threads=1,
                      speculative_algorithm=spec)
-        if spec:
+        if spec == "ngram":
             eng.scheduler.speculator.costs = StepCosts(1e9, learn=False)  # rows cost nothing: draft what is found
         try:
             params = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
             together = eng.generate(prompts, params)
             again = [eng.generate(p, params) for p in prompts]  # from the radix cache
             assert again[1]["meta_info"]["cached_tokens"] > 16
-            if spec:
+            if spec == "ngram":
                 assert sum(o["meta_info"]["spec_num_proposed_drafts"] for o in together + again) > 0
         finally:
             eng.shutdown()
