@@ -18,8 +18,10 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
-    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | gemma3 | mistral) plus the SmolLM2 tokenizer.
+    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | qwen3moe | gemma3 | mistral) plus the SmolLM2
+    tokenizer.
 
+    qwen3moe: 8 experts of width 32, top-2 with renormalized weights, every layer sparse.
     gemma3: a 16-token sliding window on two of three layers (their own rotary base), a query scale
     that is not head_dim's, a final logit soft-cap and a tied head, so each feature shows in logits."""
     import transformers
@@ -33,11 +35,14 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "qwen3moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }[arch]
-    if arch in ("qwen3", "gemma3"):
+    if arch in ("qwen3", "qwen3moe", "gemma3"):
         kw.setdefault("head_dim", 32)
+    if arch == "qwen3moe":
+        kw = dict(kw, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True) | overrides
     if arch == "gemma3":
         kw = dict(kw, num_hidden_layers=3, sliding_window=16, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
                   layer_types=["sliding_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,
@@ -47,7 +52,7 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
     model = model_cls(cfg_cls(**kw)).float().eval()
     with torch.no_grad():  # random init is tiny; widen it so logits are not all ~equal
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # matrices; stacked experts [E, out, in]
                 p.normal_(0, 0.08)
             elif "bias" in str(p.shape) or p.dim() == 1:
                 p.uniform_(0.5, 1.5)

@@ -3,11 +3,14 @@
 
 Matrices are quantized with gguf-py (`qtype`), norms and biases stay F32; the vocabulary is made-up
 tokens (the logits are compared on token ids). Only what the tests' architectures need is written.
+qwen3moe: each layer's experts stacked into `ffn_{gate,up,down}_exps` [n_expert, rows, cols] as
+llama.cpp's converter writes them, the router (`ffn_gate_inp`) kept F32 as llama.cpp's quantizer does.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import gguf
@@ -17,8 +20,10 @@ from safetensors.numpy import load_file
 LAYER_NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
                "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+               "mlp.gate": "ffn_gate_inp"}
 TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
 
 
 def gguf_name(hf_name: str) -> str:
@@ -29,8 +34,23 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{LAYER_NAMES[rest]}.{suffix}"
 
 
+def stack_experts(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per-expert HF matrices replaced by one stacked [n_expert, rows, cols] tensor per layer and kind,
+    under llama.cpp's names (`blk.N.ffn_gate_exps.weight`); other tensors under their GGUF names."""
+    out, experts = {}, {}
+    for name, t in tensors.items():
+        m = EXPERT.fullmatch(name)
+        if m is None:
+            out[gguf_name(name)] = t
+        else:
+            experts.setdefault(f"blk.{m[1]}.ffn_{m[3]}_exps.weight", {})[int(m[2])] = t
+    for name, parts in experts.items():
+        out[name] = np.stack([parts[e] for e in range(len(parts))])
+    return out
+
+
 def convert(hf_dir: Path, out: Path, arch: str, qtype: str = "Q8_0") -> Path:
-    """Write the HF model in `hf_dir` (qwen2 or qwen3) as GGUF `out`, matrices in `qtype`."""
+    """Write the HF model in `hf_dir` (qwen2, qwen3 or qwen3moe) as GGUF `out`, matrices in `qtype`."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     tensors = {}
     for f in sorted(hf_dir.glob("*.safetensors")):
@@ -54,13 +74,17 @@ def convert(hf_dir: Path, out: Path, arch: str, qtype: str = "Q8_0") -> Path:
     writer.add_token_types([gguf.TokenType.NORMAL] * vocab)
     writer.add_bos_token_id(cfg["bos_token_id"])
     writer.add_eos_token_id(cfg["eos_token_id"])
+    if arch == "qwen3moe":
+        writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
+        writer.add_expert_used_count(cfg["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     kind = gguf.GGMLQuantizationType[qtype]
-    for name, t in tensors.items():
+    for name, t in stack_experts(tensors).items():
         t = t.astype(np.float32)
-        if t.ndim == 2 and qtype != "F32":
-            writer.add_tensor(gguf_name(name), gguf.quants.quantize(t, kind), raw_dtype=kind)
+        if t.ndim >= 2 and qtype != "F32" and ".ffn_gate_inp." not in name:
+            writer.add_tensor(name, gguf.quants.quantize(t, kind), raw_dtype=kind)
         else:
-            writer.add_tensor(gguf_name(name), t)
+            writer.add_tensor(name, t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -40,11 +40,14 @@ class Seq:
         return self.runner.forward(fb)
 
 
-def check_model(path, prompt_ids: list[int], attention_backend: str = "torch", **config_fields) -> None:
+def check_model(path, prompt_ids: list[int], attention_backend: str = "torch", ref: torch.nn.Module | None = None,
+                **config_fields) -> None:
+    """Our logits on `path` vs HF's (`ref`, default: HF's own load of `path`): a prefill, a split one and
+    32 greedy decode steps."""
     config = EngineConfig(model=str(path), max_total_tokens=4096, max_running_requests=4,
                           attention_backend=attention_backend, **config_fields)
     runner = ModelRunner(config)
-    ref = hf_model(path)
+    ref = hf_model(path) if ref is None else ref
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         ref_logits = ref(ids).logits[0].float()  # [T, V]

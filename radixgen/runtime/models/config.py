@@ -3,7 +3,8 @@
 One decoder covers the families below; what differs between them is data here: q/k/v bias (Qwen2),
 per-head q/k norms (Qwen3, Gemma 3), sliding-window layers (Mistral, Gemma 3: which layers, how wide,
 their own rotary base), norms after attention and MLP as well as before (Gemma), GeGLU (Gemma), a
-scaled embedding (Gemma), the query scale and a final logit soft-cap.
+scaled embedding (Gemma), the query scale, a final logit soft-cap, and mixture-of-experts MLPs
+(Qwen3-MoE: how many experts, how many each token uses, their width, which layers are sparse).
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama / SmolLM / Mistral / Qwen2 / Qwen3 / Gemma 3 model."""
+    """Architecture of a Llama / SmolLM / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3 model."""
 
-    arch: str  # "llama" | "qwen2" | "qwen3" | "gemma3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -50,6 +52,12 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding's rows are multiplied by this
     norm_weight_offset: float = 0.0  # added to every RMSNorm weight at load (HF Gemma computes x * (1 + w))
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    num_experts: int = 0  # experts of each sparse (MoE) layer's MLP (0: every MLP is dense)
+    num_experts_per_tok: int = 0  # experts each token is routed to (top-k)
+    moe_intermediate_size: int = 0  # each expert's MLP width
+    norm_topk_prob: bool = False  # the top-k routing weights renormalized to sum to 1
+    decoder_sparse_step: int = 1  # layer i is sparse when (i + 1) % step == 0 ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... and it is not listed here (HF Qwen3-MoE's rule)
 
     @property
     def qkv_bias(self) -> bool:
@@ -57,7 +65,12 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.arch in ("qwen3", "gemma3")
+        return self.arch in ("qwen3", "qwen3moe", "gemma3")
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts (else a dense one of `intermediate_size`)."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of layer `layer` (None: it attends to every earlier token)."""
@@ -129,6 +142,7 @@ class ModelConfig:
             embed_scale=hidden**0.5 if gemma else 1.0,
             norm_weight_offset=1.0 if gemma else 0.0,
             final_logit_softcap=cfg.get("final_logit_softcapping"),
+            **(_moe_fields(cfg) if arch == "qwen3moe" else {}),
         )
 
     def local_inv_freq(self) -> torch.Tensor | None:
@@ -161,3 +175,16 @@ class ModelConfig:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_mid, mid, scaled).float()
+
+
+def _moe_fields(cfg: dict) -> dict:
+    """ModelConfig's mixture-of-experts fields from a Qwen3-MoE config.json (transformers 5 saves the
+    expert count as `num_local_experts`)."""
+    return dict(
+        num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
+        num_experts_per_tok=cfg["num_experts_per_tok"],
+        moe_intermediate_size=cfg["moe_intermediate_size"],
+        norm_topk_prob=cfg.get("norm_topk_prob", False),
+        decoder_sparse_step=cfg.get("decoder_sparse_step", 1),
+        mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
+    )

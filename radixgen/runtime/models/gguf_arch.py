@@ -9,6 +9,10 @@ the 27B model. Names differ by architecture too: `ffn_norm` is the norm before t
 which HF calls `post_attention_layernorm` in Llama and `pre_feedforward_layernorm` in Gemma (where
 `post_attention_layernorm` is the norm on the attention's output). llama.cpp's converter adds 1 to
 Gemma's norm weights (HF computes x * (1 + w)), so from GGUF they multiply as they are.
+Qwen3-MoE (llama.cpp's `models/qwen3moe.cpp`): every layer's MLP is a mixture of experts whose top-k
+weights are renormalized; each layer's experts are stacked in one tensor per matrix
+(`ffn_gate_exps` [n_expert, n_ff_exp, n_embd] ...), named here `mlp.experts.gate_proj` etc. (no
+expert index: the loader reads expert E of it as HF's `mlp.experts.E.gate_proj`).
 """
 
 from __future__ import annotations
@@ -56,10 +60,13 @@ class GGUFArch:
 
 
 _LLAMA_NAMES = {**_COMMON_LAYER_NAMES, "ffn_norm": "post_attention_layernorm"}
+_MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
+              "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"}
 ARCHS = {
     "llama": GGUFArch("llama", _LLAMA_NAMES, permuted_qk=True),
     "qwen2": GGUFArch("qwen2", _LLAMA_NAMES),
     "qwen3": GGUFArch("qwen3", _LLAMA_NAMES),
+    "qwen3moe": GGUFArch("qwen3moe", {**_LLAMA_NAMES, **_MOE_NAMES}),
     "gemma3": GGUFArch("gemma3", {**_COMMON_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
                                   "post_attention_norm": "post_attention_layernorm",
                                   "post_ffw_norm": "post_feedforward_layernorm"}),
@@ -92,7 +99,8 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
     eos = reader.get("tokenizer.ggml.eos_token_id")
     n_vocab = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
     scaling = _rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor"), rope_freqs)
-    gemma = arch == "gemma3"
+    gemma, moe = arch == "gemma3", arch == "qwen3moe"
+    expert_width = int(meta("expert_feed_forward_length", 0))
     window = meta("attention.sliding_window")
     sliding: tuple[bool, ...] = ()
     if gemma and window:
@@ -108,7 +116,7 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
         arch=arch,
         vocab_size=int(n_vocab),
         hidden_size=hidden,
-        intermediate_size=int(meta("feed_forward_length")),
+        intermediate_size=int(meta("feed_forward_length") or expert_width),
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(meta("attention.head_count_kv", heads)),
@@ -128,6 +136,10 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
         sandwich_norms=gemma,
         embed_scale=hidden**0.5 if gemma else 1.0,
         final_logit_softcap=float(meta("final_logit_softcapping")) if meta("final_logit_softcapping") else None,
+        num_experts=int(meta("expert_count", 0)) if moe else 0,
+        num_experts_per_tok=int(meta("expert_used_count", 0)) if moe else 0,
+        moe_intermediate_size=expert_width if moe else 0,
+        norm_topk_prob=moe,  # llama.cpp's qwen3moe graph always renormalizes
     )
 
 

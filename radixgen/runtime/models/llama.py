@@ -1,6 +1,7 @@
 """Our decoder: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama, Mistral (sliding window),
-Qwen2/2.5 (qkv bias), Qwen3 (per-head q/k RMSNorm) and Gemma 3 (sliding-window layers with their own
-rotary base, q/k norms, norms after attention and MLP too, GeGLU, a scaled embedding). GQA, rotary
+Qwen2/2.5 (qkv bias), Qwen3 (per-head q/k RMSNorm), Qwen3-MoE (Qwen3 with mixture-of-experts MLPs:
+`moe.py`) and Gemma 3 (sliding-window layers with their own rotary base, q/k norms, norms after
+attention and MLP too, GeGLU, a scaled embedding). GQA, rotary
 embeddings (HF "rotate half" layout), RMSNorm, optionally tied embeddings; what differs between the
 families is data in ModelConfig.
 
@@ -15,6 +16,8 @@ Under tensor parallelism (`tp`) each rank builds the same model over its shard (
 query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
 embedding and lm_head vocab-parallel (`layers/parallel.py`). The one-call C decode is off there (the
 all-reduces between layers cannot happen inside one C call); every other path is unchanged.
+Mixture-of-experts models are refused there (`sharding.check_tp_size`), and their layers never take
+the one-call C decode (it runs dense MLPs only).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from radixgen.runtime.layers.parallel import (
 from radixgen.runtime.layers.rotary import Rotary
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.loader import Checkpoint
+from radixgen.runtime.models.moe import MoEMLP
 from radixgen.runtime.models.sharding import ShardPlan
 
 
@@ -88,7 +92,11 @@ class DecoderLayer(nn.Module):
         self.o_proj = _row_parallel(DenseLinear(q_size, c.hidden_size), tp)
         # the norm before the MLP (HF: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm)
         self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.mlp = MLP(c.hidden_size, plan.intermediate, tp, c.hidden_act)
+        if c.is_moe(layer_id):
+            self.mlp: MLP | MoEMLP = MoEMLP(c.hidden_size, c.moe_intermediate_size, c.num_experts,
+                                            c.num_experts_per_tok, c.norm_topk_prob)
+        else:
+            self.mlp = MLP(c.hidden_size, plan.intermediate, tp, c.hidden_act)
         # Gemma: norms on the attention's and the MLP's outputs before each residual add
         self.attn_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
         self.mlp_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
@@ -105,9 +113,9 @@ class DecoderLayer(nn.Module):
     @property
     def plain(self) -> bool:
         """A Llama-shaped layer (what the one-call C decode runs): no q/k norm, global attention, no
-        norms on the outputs, SwiGLU."""
+        norms on the outputs, a dense SwiGLU MLP (not a mixture of experts)."""
         return (self.attn.can_fuse_rope and self.attn.window is None and self.attn_out_norm is None
-                and isinstance(self.mlp.act, SiluAndMul))
+                and isinstance(self.mlp, MLP) and isinstance(self.mlp.act, SiluAndMul))
 
     def use_c_kernels(self) -> None:
         """Per-token ops in C (CPU float32): the norms; SiLU * up; rotary + K/V store where no q/k
@@ -119,16 +127,24 @@ class DecoderLayer(nn.Module):
         self.attn.rope_in_c = self.attn.can_fuse_rope
 
 
-def layer_matrices(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
-    """Each fused matrix of a layer: module path -> the HF weights stacked into it, in order, with the
-    (rows, columns) of each that this rank holds (None: all)."""
+def layer_matrices(plan: ShardPlan, layer_id: int) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
+    """Each fused matrix of layer `layer_id`: module path -> the HF weights stacked into it, in order,
+    with the (rows, columns) of each that this rank holds (None: all). A mixture-of-experts layer has a
+    router and each expert's gate/up and down (one rank only: all of each)."""
     q, kv, mlp = plan.q_rows(), plan.kv_rows(), plan.mlp_rows()
-    return {
+    attn = {
         "qkv": [("self_attn.q_proj", q, None), ("self_attn.k_proj", kv, None), ("self_attn.v_proj", kv, None)],
         "o_proj": [("self_attn.o_proj", None, q)],
-        "mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
-        "mlp.down": [("mlp.down_proj", None, mlp)],
     }
+    if not plan.config.is_moe(layer_id):
+        return attn | {"mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
+                       "mlp.down": [("mlp.down_proj", None, mlp)]}
+    experts = {}
+    for e in range(plan.config.num_experts):
+        p = f"mlp.experts.{e}"
+        experts[f"{p}.gate_up"] = [(f"{p}.gate_proj", None, None), (f"{p}.up_proj", None, None)]
+        experts[f"{p}.down"] = [(f"{p}.down_proj", None, None)]
+    return attn | {"mlp.router": [("mlp.gate", None, None)]} | experts
 
 
 @dataclass(frozen=True)
@@ -181,8 +197,8 @@ class LlamaModel(nn.Module):
         for m in self.modules():
             if isinstance(m, BlockLinear):
                 m.wide_dtype, m.long_extends_only = (None, False) if limit is None else (wide_dtype, lower)
-        for layer in self.layers:
-            for path in layer_matrices(self.plan):
+        for i, layer in enumerate(self.layers):
+            for path in layer_matrices(self.plan, i):
                 parent, _, attr = path.rpartition(".")
                 owner = layer.get_submodule(parent) if parent else layer
                 if pack_dense:
@@ -213,16 +229,18 @@ class LlamaModel(nn.Module):
 
     def _bind_kv_pool(self, pool: TokenToKVPool) -> None:
         """Set up the one-call C decode step over `pool` where it applies: a CPU pool of a KV dtype the
-        kernels read and every layer on GGUF-block matrices (no qkv bias) with its per-token ops in C."""
+        kernels read and every layer a plain one (no mixture of experts) on GGUF-block matrices (no qkv
+        bias) with its per-token ops in C."""
         self.decode_in_c = None
         k0 = pool.k_buffer[0]
         if self.tp is not None or not DecodeLayers.available() or k0.dtype not in KV_DTYPES or k0.device.type != "cpu":
             return
         weights = []
         for i, layer in enumerate(self.layers):
+            if not layer.plain:
+                return
             mats = (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down)
-            if not (layer.plain and layer.attn.rope_in_c and layer.qkv.bias is None
-                    and all(isinstance(m, BlockLinear) for m in mats)):
+            if not (layer.attn.rope_in_c and layer.qkv.bias is None and all(isinstance(m, BlockLinear) for m in mats)):
                 return
             weights.append(LayerWeights(layer.input_norm.weight, layer.post_attn_norm.weight, pool.k_buffer[i],
                                         pool.v_buffer[i], *(m.panels for m in mats)))
@@ -317,7 +335,7 @@ class LlamaModel(nn.Module):
                     layer.attn_out_norm.weight.copy_(norm(p + "post_attention_layernorm.weight"))
                     layer.post_attn_norm.weight.copy_(norm(p + "pre_feedforward_layernorm.weight"))
                     layer.mlp_out_norm.weight.copy_(norm(p + "post_feedforward_layernorm.weight"))
-                matrices = layer_matrices(plan)
+                matrices = layer_matrices(plan, i)
                 if layer.qkv.bias is not None:
                     layer.qkv.bias.copy_(torch.cat([ckpt.get(p + n + ".bias", rows=r) for n, r, _ in matrices["qkv"]]))
                 if layer.attn.q_norm is not None:

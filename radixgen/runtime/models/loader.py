@@ -7,6 +7,8 @@ from the file (os.pread of its bytes, so no page of the file stays mapped) into 
 own dtype; `get` dequantizes a tensor to float32 for what runs dense (norms, tensor-parallel shards, a
 GPU). Nothing is cached on disk and no float32 copy of the model is made. llama's attn_q / attn_k are
 stored permuted for llama.cpp's rotary layout and are un-permuted here (rows of the blocks, too).
+A mixture-of-experts layer's stacked expert tensors ([n_expert, rows, cols]) are read one expert at a
+time, under HF's per-expert names (`mlp.experts.E.gate_proj.weight`): only that expert's bytes.
 Each GGUF architecture's metadata and tensor names: `gguf_arch.py`.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -112,6 +115,9 @@ def _parse_gguf(path: str, size: int, mtime_ns: int) -> GGUFHeader:  # size and 
     return read_header(Path(path))
 
 
+_EXPERT = re.compile(r"(.*\.mlp\.experts)\.(\d+)\.(\w+\.weight)")  # HF's name of one expert's matrix
+
+
 def _unpermute_rows(out_dim: int, n_head: int) -> torch.Tensor:
     """Row order that undoes llama.cpp's per-head rotary permutation of a q/k weight [n_head * head_dim,
     in] (reshape [n_head, head_dim/2, 2, in], swap axes 1 and 2): new row r is old row index[r]."""
@@ -137,7 +143,7 @@ class GGUFCheckpoint:
     def resident_bytes(self, blocks: bool, dtype: torch.dtype) -> int:
         total = 0
         for t in self._tensors.values():
-            n, qtype, matrix = t.n_elements, t.qtype, len(t.shape) == 2
+            n, qtype, matrix = t.n_elements, t.qtype, len(t.shape) >= 2  # stacked experts: matrices too
             if blocks and matrix and qtype in KERNEL_BYTES:
                 total += int(n // 32 * KERNEL_BYTES[qtype])
             elif blocks and matrix and qtype in ("F16", "BF16"):
@@ -152,16 +158,29 @@ class GGUFCheckpoint:
             raise KeyError(f"weight {name!r} missing from {self.path.name}")
         return t
 
+    def _part(self, name: str) -> tuple[TensorInfo, tuple[int, ...], int, int]:
+        """The file tensor holding `name`, `name`'s shape (outermost first), byte offset and size: the
+        whole tensor, or one expert's [rows, cols] of a stacked [n_expert, rows, cols] one."""
+        m = _EXPERT.fullmatch(name)
+        if m is None or name in self._tensors:
+            t = self._tensor(name)
+            return t, t.shape, t.offset, t.n_bytes
+        t, expert = self._tensor(f"{m[1]}.{m[3]}"), int(m[2])
+        if len(t.shape) != 3 or expert >= t.shape[0]:
+            raise KeyError(f"weight {name!r} missing from {self.path.name} (tensor {t.name!r} is {t.shape})")
+        size = t.n_bytes // t.shape[0]
+        return t, t.shape[1:], t.offset + expert * size, size
+
     def _raw(self, name: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
         """The tensor's bytes as uint8 [rows, bytes per row], its GGUF type and its shape (outermost first)."""
-        t = self._tensor(name)
-        data = np.empty(t.n_bytes, dtype=np.uint8)
+        t, shape, offset, size = self._part(name)
+        data = np.empty(size, dtype=np.uint8)
         with open(self.path, "rb") as f:
-            f.seek(t.offset)
+            f.seek(offset)
             if f.readinto(memoryview(data)) != data.size:
                 raise ValueError(f"{self.path.name} ends inside tensor {t.name!r}: the file is truncated")
-        rows = int(np.prod(t.shape[:-1])) if len(t.shape) > 1 else 1
-        return data.reshape(rows, -1), t.qtype, t.shape
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        return data.reshape(rows, -1), t.qtype, shape
 
     def _rope_rows(self, name: str, n: int) -> torch.Tensor | None:
         """The un-permuting row order for a q/k weight of n rows (None for any other tensor)."""
@@ -169,8 +188,8 @@ class GGUFCheckpoint:
         return None if heads is None else _unpermute_rows(n, heads)
 
     def quantized(self, name: str) -> BlockWeight | None:
-        t = self._tensor(name)
-        if t.qtype not in BLOCK_BYTES or len(t.shape) != 2:
+        t, shape, _, _ = self._part(name)
+        if t.qtype not in BLOCK_BYTES or len(shape) != 2:
             return None
         raw, qtype, shape = self._raw(name)
         w = from_gguf(raw, qtype)
@@ -178,8 +197,8 @@ class GGUFCheckpoint:
         return w if order is None else w.rows(order)
 
     def stored(self, name: str) -> torch.Tensor | None:
-        t = self._tensor(name)
-        if t.qtype not in ("F16", "BF16") or len(t.shape) != 2:
+        t, shape, _, _ = self._part(name)
+        if t.qtype not in ("F16", "BF16") or len(shape) != 2:
             return None
         raw, qtype, shape = self._raw(name)
         w = dense_from_gguf(raw.reshape(-1).view(np.float16 if qtype == "F16" else np.uint16), qtype, shape)

@@ -19,7 +19,11 @@ from radixgen.runtime.models.config import ModelConfig
 
 
 def check_tp_size(config: ModelConfig, size: int) -> None:
-    """Raise a ValueError saying what to change when `size` ranks cannot split `config`."""
+    """Raise a ValueError saying what to change when `size` ranks cannot split `config` (a
+    mixture-of-experts model runs on one rank only)."""
+    if size > 1 and config.num_experts:
+        raise ValueError(f"tp_size={size}: tensor parallelism does not split mixture-of-experts models "
+                         f"({config.arch}) yet; run it with tp_size=1")
     problems = []
     if config.num_heads % size:
         problems.append(f"{config.num_heads} attention heads")
