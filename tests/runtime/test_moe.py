@@ -4,6 +4,7 @@ and a decode step that runs only its token's chosen experts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ import torch
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.layers.linear import BlockLinear
+from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.moe import MoEMLP
+from radixgen.runtime.models.sharding import check_tp_size
 from tests.conftest import build_tiny_model
 from tests.runtime.hf_to_gguf import convert
 from tests.runtime.test_model_logits import PROMPT, Seq, check_model, hf_model
@@ -108,3 +111,18 @@ def test_decode_runs_only_chosen_experts(moe_gguf, prompt_ids):
     for i, layer in enumerate(layers):
         assert len(chosen[i]) == layer.top_k
         assert sorted(ran[i]) == sorted(chosen[i])
+
+
+def test_sparse_layers_follow_hf_rule(moe_dir):
+    """Which layers are sparse: HF Qwen3-MoE's decoder_sparse_step and mlp_only_layers."""
+    cfg = json.loads((moe_dir / "config.json").read_text())
+    c = ModelConfig.from_hf(cfg | {"num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]})
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob) == (8, 2, 32, True)
+    assert [c.is_moe(i) for i in range(6)] == [False, True, False, False, False, True]
+
+
+def test_tensor_parallel_refuses_moe(moe_dir):
+    config = ModelConfig.from_hf(json.loads((moe_dir / "config.json").read_text()))
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        check_tp_size(config, 2)
+    check_tp_size(config, 1)
