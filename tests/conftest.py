@@ -18,10 +18,12 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
 
 
 def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
-    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | qwen3moe | gemma3 | mistral) plus the SmolLM2
-    tokenizer.
+    """Save a tiny random HF model of `arch` (llama | qwen2 | qwen3 | qwen3moe | phi3 | gemma2 | gemma3 |
+    mistral) plus the SmolLM2 tokenizer.
 
     qwen3moe: 8 experts of width 32, top-2 with renormalized weights, every layer sparse.
+    gemma2: a 16-token window on every other layer, attention scores capped at 5 (HF's default: 50, too
+    loose to show in a tiny model's scores), a query scale that is not head_dim's, a tied head.
     gemma3: a 16-token sliding window on two of three layers (their own rotary base), a query scale
     that is not head_dim's, a final logit soft-cap and a tied head, so each feature shows in logits."""
     import transformers
@@ -36,6 +38,8 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "qwen3moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+        "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
         "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     }[arch]
@@ -43,6 +47,9 @@ def build_tiny_model(out: Path, arch: str, **overrides) -> Path:
         kw.setdefault("head_dim", 32)
     if arch == "qwen3moe":
         kw = dict(kw, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True) | overrides
+    if arch == "gemma2":
+        kw = dict(kw, head_dim=32, sliding_window=16, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                  final_logit_softcapping=30.0, tie_word_embeddings=True) | overrides
     if arch == "gemma3":
         kw = dict(kw, num_hidden_layers=3, sliding_window=16, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
                   layer_types=["sliding_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True,

@@ -1,11 +1,14 @@
 """Architectures beyond Llama against HF transformers: Qwen2 (q/k/v bias) and Qwen3 (q/k norms) from
-their GGUF conversion (read by HF's own GGUF loader), and Mistral's sliding window from safetensors,
-past the window (Gemma 3: test_gemma3.py)."""
+their GGUF conversion (read by HF's own GGUF loader), Mistral's sliding window from safetensors,
+past the window, and Phi-3 (fused checkpoint matrices) and Gemma 2 (soft-capped attention, windows on
+alternate layers) from both (Gemma 3: test_gemma3.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.loader import open_checkpoint
 from radixgen.runtime.tokenizer import load_tokenizer
 from tests.conftest import build_tiny_model
 from tests.runtime.hf_to_gguf import convert
@@ -25,3 +28,46 @@ def test_mistral_sliding_window_matches_hf(tmp_path):
     ids = load_tokenizer(path).encode(" ".join([PROMPT] * 3))
     assert len(ids) > 3 * 16
     check_model(path, ids)
+
+
+def test_phi3_matches_hf(tmp_path):
+    """Phi-3's fused qkv_proj / gate_up_proj become our fused q/k/v and gate/up matrices as they are."""
+    path = build_tiny_model(tmp_path / "phi3", "phi3")
+    check_model(path, load_tokenizer(path).encode(PROMPT))
+
+
+def test_phi3_gguf_matches_hf(tmp_path):
+    """Phi-3's GGUF (`attn_qkv`, gate and up in one `ffn_up`) read as blocks, against HF's GGUF loader."""
+    hf_dir = build_tiny_model(tmp_path / "phi3", "phi3")
+    path = convert(hf_dir, tmp_path / "phi3.gguf", "phi3")
+    check_model(path, load_tokenizer(hf_dir).encode(PROMPT))
+
+
+def test_phi3_longrope_is_refused():
+    cfg = {"architectures": ["Phi3ForCausalLM"], "num_attention_heads": 4, "num_hidden_layers": 2,
+           "hidden_size": 64, "intermediate_size": 128, "vocab_size": 100,
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}}
+    with pytest.raises(ValueError, match="longrope"):
+        ModelConfig.from_hf(cfg)
+
+
+def test_gemma2_matches_hf_past_the_window(tmp_path):
+    """Soft-capped attention scores on every layer, a 16-token window on every other one, past it."""
+    path = build_tiny_model(tmp_path / "gemma2", "gemma2")
+    ids = load_tokenizer(path).encode(" ".join([PROMPT] * 3))
+    assert len(ids) > 3 * 16
+    check_model(path, ids)
+
+
+def test_gemma2_gguf_matches_hf_gguf_loader(tmp_path):
+    """Gemma 2's GGUF as llama.cpp's converter writes it (1 + w norms, window and soft-caps in the
+    metadata). HF's GGUF loader reads neither soft-cap nor query_pre_attn_scalar from the file (it takes
+    Gemma2Config's defaults: caps 50 and 30, scalar 256, where llama.cpp scales by head_dim), so the
+    model is built with those values and a head_dim of 256; the caps we read from the file are checked."""
+    hf_dir = build_tiny_model(tmp_path / "gemma2", "gemma2", head_dim=256, query_pre_attn_scalar=256,
+                              attn_logit_softcapping=50.0)
+    path = convert(hf_dir, tmp_path / "gemma2.gguf", "gemma2")
+    config, _ = open_checkpoint(path)
+    assert (config.attn_logit_softcap, config.final_logit_softcap, config.sliding_layers) == (50.0, 30.0,
+                                                                                             (True, False))
+    check_model(path, load_tokenizer(hf_dir).encode(" ".join([PROMPT] * 3)))

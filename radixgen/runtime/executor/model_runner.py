@@ -96,7 +96,7 @@ class ModelRunner:
                     model_config.num_layers, model_config.vocab_size)
         self.decode_graphs: DecodeGraphRunner | None = None
         if (self.device.type == "cuda" and tp is None and self.attention.supports_cuda_graph
-                and not config.disable_cuda_graph):
+                and not config.disable_cuda_graph and model_config.attn_logit_softcap is None):  # capped: step masks
             sizes = tuple(s for s in DEFAULT_BATCH_SIZES if s <= config.max_running_requests)
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)

@@ -1,8 +1,9 @@
 """ModelConfig: the architecture facts our decoder implementation needs, from HF or GGUF.
 
 One decoder covers the families below; what differs between them is data here: q/k/v bias (Qwen2),
-per-head q/k norms (Qwen3, Gemma 3), sliding-window layers (Mistral, Gemma 3: which layers, how wide,
-their own rotary base), norms after attention and MLP as well as before (Gemma), GeGLU (Gemma), a
+per-head q/k norms (Qwen3, Gemma 3), sliding-window layers (Mistral, Gemma 2 and 3: which layers, how
+wide, their own rotary base), a soft-cap on attention scores (Gemma 2), q/k/v and gate/up matrices the
+checkpoint holds already fused (Phi-3), norms after attention and MLP as well as before (Gemma), GeGLU (Gemma), a
 scaled embedding (Gemma), the query scale, a final logit soft-cap, and mixture-of-experts MLPs
 (Qwen3-MoE: how many experts, how many each token uses, their width, which layers are sparse).
 """
@@ -19,16 +20,20 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
     "Qwen3MoeForCausalLM": "qwen3moe",
 }
+GEMMA = ("gemma2", "gemma3")
+GEMMA_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}  # HF's default: every n-th layer global, the others windowed
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Llama / SmolLM / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Gemma 3 model."""
+    """Architecture of a Llama / SmolLM / Mistral / Qwen2 / Qwen3 / Qwen3-MoE / Phi-3 / Gemma 2 / Gemma 3 model."""
 
-    arch: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma3"
+    arch: str  # "llama" | "qwen2" | "qwen3" | "qwen3moe" | "phi3" | "gemma2" | "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -52,6 +57,7 @@ class ModelConfig:
     embed_scale: float = 1.0  # the embedding's rows are multiplied by this
     norm_weight_offset: float = 0.0  # added to every RMSNorm weight at load (HF Gemma computes x * (1 + w))
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    attn_logit_softcap: float | None = None  # attention scores = cap * tanh(scores / cap) before the softmax
     num_experts: int = 0  # experts of each sparse (MoE) layer's MLP (0: every MLP is dense)
     num_experts_per_tok: int = 0  # experts each token is routed to (top-k)
     moe_intermediate_size: int = 0  # each expert's MLP width
@@ -62,6 +68,11 @@ class ModelConfig:
     @property
     def qkv_bias(self) -> bool:
         return self.arch == "qwen2"
+
+    @property
+    def fused_checkpoint(self) -> bool:
+        """The checkpoint holds q/k/v as one matrix and gate/up as another (Phi-3's qkv_proj, gate_up_proj)."""
+        return self.arch == "phi3"
 
     @property
     def qk_norm(self) -> bool:
@@ -85,21 +96,22 @@ class ModelConfig:
                 f"unsupported architecture {archs or cfg.get('model_type')!r}: radixgen runs "
                 f"{sorted(SUPPORTED_ARCHITECTURES)}"
             )
-        if cfg.get("attn_logit_softcapping") is not None:
-            raise ValueError("attention logit soft-capping (Gemma 2) is not supported")
         params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         local = params.pop("sliding_attention", None)  # per layer type (transformers 5: Gemma 3)
         rope = dict(params.pop("full_attention", None) or params)
         theta = rope.pop("rope_theta", None) or cfg.get("rope_theta", 10000.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in ("default", "llama3", "linear"):
-            raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, llama3, linear)")
+            raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, llama3, linear; "
+                             "not Phi-3 128k's longrope / su)")
+        if rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
         local_theta = (local or {}).get("rope_theta") or cfg.get("rope_local_base_freq")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         heads = cfg["num_attention_heads"]
         layers = cfg["num_hidden_layers"]
-        gemma = arch == "gemma3"
+        gemma = arch in GEMMA
         window = cfg.get("sliding_window")
         if window is not None and arch == "qwen2" and not cfg.get("use_sliding_window", False):
             window = None  # Qwen2 configs carry a window they do not use
@@ -108,7 +120,7 @@ class ModelConfig:
         elif "layer_types" in cfg:
             sliding = tuple(t == "sliding_attention" for t in cfg["layer_types"])
         elif gemma:
-            pattern = cfg.get("sliding_window_pattern", 6)
+            pattern = cfg.get("sliding_window_pattern", GEMMA_SWA_PATTERN[arch])
             sliding = tuple((i + 1) % pattern != 0 for i in range(layers))
         else:
             sliding = (True,) * layers
@@ -142,6 +154,7 @@ class ModelConfig:
             embed_scale=hidden**0.5 if gemma else 1.0,
             norm_weight_offset=1.0 if gemma else 0.0,
             final_logit_softcap=cfg.get("final_logit_softcapping"),
+            attn_logit_softcap=cfg.get("attn_logit_softcapping"),
             **(_moe_fields(cfg) if arch == "qwen3moe" else {}),
         )
 

@@ -9,6 +9,11 @@ the 27B model. Names differ by architecture too: `ffn_norm` is the norm before t
 which HF calls `post_attention_layernorm` in Llama and `pre_feedforward_layernorm` in Gemma (where
 `post_attention_layernorm` is the norm on the attention's output). llama.cpp's converter adds 1 to
 Gemma's norm weights (HF computes x * (1 + w)), so from GGUF they multiply as they are.
+Gemma 2 (`models/gemma2-iswa.cpp`) is Gemma 3 without q/k norms or a local rotary base: every other
+layer is windowed (the first one included), and `attn_logit_softcapping` caps its attention scores.
+Phi-3 holds q/k/v in one `attn_qkv` and gate/up in one `ffn_up` (gate first), HF's `qkv_proj` and
+`gate_up_proj`; llama.cpp ignores its `attention.sliding_window` (Phi SWA is off there), and so do we.
+Its 128k variants' LongRoPE (`rope_factors_long` / `_short`) is refused.
 Qwen3-MoE (llama.cpp's `models/qwen3moe.cpp`): every layer's MLP is a mixture of experts whose top-k
 weights are renormalized; each layer's experts are stacked in one tensor per matrix
 (`ffn_gate_exps` [n_expert, n_ff_exp, n_embd] ...), named here `mlp.experts.gate_proj` etc. (no
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.config import GEMMA, GEMMA_SWA_PATTERN, ModelConfig
 from radixgen.runtime.models.gguf_file import GGUFHeader
 
 _COMMON_LAYER_NAMES = {
@@ -35,7 +40,7 @@ _COMMON_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-GEMMA3_SWA_PATTERN = 6  # llama.cpp: every sixth layer attends globally
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp scales the 27B models' queries by hidden / heads
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
@@ -60,6 +65,8 @@ class GGUFArch:
 
 
 _LLAMA_NAMES = {**_COMMON_LAYER_NAMES, "ffn_norm": "post_attention_layernorm"}
+_GEMMA_NAMES = {**_COMMON_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 _MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
               "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj"}
 ARCHS = {
@@ -67,9 +74,9 @@ ARCHS = {
     "qwen2": GGUFArch("qwen2", _LLAMA_NAMES),
     "qwen3": GGUFArch("qwen3", _LLAMA_NAMES),
     "qwen3moe": GGUFArch("qwen3moe", {**_LLAMA_NAMES, **_MOE_NAMES}),
-    "gemma3": GGUFArch("gemma3", {**_COMMON_LAYER_NAMES, "ffn_norm": "pre_feedforward_layernorm",
-                                  "post_attention_norm": "post_attention_layernorm",
-                                  "post_ffw_norm": "post_feedforward_layernorm"}),
+    "phi3": GGUFArch("phi3", {**_LLAMA_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+    "gemma2": GGUFArch("gemma2", _GEMMA_NAMES),
+    "gemma3": GGUFArch("gemma3", _GEMMA_NAMES),
 }
 EXTRA_TENSORS = {"rope_freqs.weight"}  # read into the config (llama 3.1+ rotary factors), not weights
 
@@ -96,22 +103,25 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
     layers = int(meta("block_count"))
     head_dim = int(meta("attention.key_length") or meta("rope.dimension_count") or hidden // heads)
     names = {t.name for t in reader.tensors}
+    if "rope_factors_long.weight" in names:
+        raise ValueError("unsupported rope scaling: LongRoPE (rope_factors_long / rope_factors_short, Phi-3's "
+                         "128k variants)")
     eos = reader.get("tokenizer.ggml.eos_token_id")
     n_vocab = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
     scaling = _rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor"), rope_freqs)
-    gemma, moe = arch == "gemma3", arch == "qwen3moe"
+    gemma, moe = arch in GEMMA, arch == "qwen3moe"
     expert_width = int(meta("expert_feed_forward_length", 0))
-    window = meta("attention.sliding_window")
+    window = meta("attention.sliding_window") if arch != "phi3" else None
     sliding: tuple[bool, ...] = ()
     if gemma and window:
-        pattern = meta("attention.sliding_window_pattern", GEMMA3_SWA_PATTERN)
+        pattern = meta("attention.sliding_window_pattern", GEMMA_SWA_PATTERN[arch])
         sliding = (tuple(bool(x) for x in pattern) if isinstance(pattern, list | tuple)
                    else tuple((i + 1) % int(pattern) != 0 for i in range(layers)))
     elif window:
         sliding = (True,) * layers
     scale = None
-    if gemma:  # llama.cpp: the 27B model scales by hidden / heads, the others by head_dim
-        scale = (hidden / heads) ** -0.5 if layers == 62 else head_dim**-0.5
+    if gemma:  # llama.cpp: the 27B models scale by hidden / heads, the others by head_dim
+        scale = (hidden / heads) ** -0.5 if layers == GEMMA_27B_LAYERS[arch] else head_dim**-0.5
     return ModelConfig(
         arch=arch,
         vocab_size=int(n_vocab),
@@ -130,12 +140,13 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
         eos_token_ids=(int(eos),) if eos is not None else (),
         sliding_window=int(window) if sliding else None,
         sliding_layers=sliding,
-        rope_local_theta=float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)) if gemma else None,
+        rope_local_theta=float(meta("rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE)) if arch == "gemma3" else None,
         query_scale=scale,
         hidden_act="gelu_tanh" if gemma else "silu",
         sandwich_norms=gemma,
         embed_scale=hidden**0.5 if gemma else 1.0,
         final_logit_softcap=float(meta("final_logit_softcapping")) if meta("final_logit_softcapping") else None,
+        attn_logit_softcap=float(meta("attn_logit_softcapping")) if meta("attn_logit_softcapping") else None,
         num_experts=int(meta("expert_count", 0)) if moe else 0,
         num_experts_per_tok=int(meta("expert_used_count", 0)) if moe else 0,
         moe_intermediate_size=expert_width if moe else 0,

@@ -1,7 +1,9 @@
 """Our decoder: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM2, TinyLlama, Mistral (sliding window),
 Qwen2/2.5 (qkv bias), Qwen3 (per-head q/k RMSNorm), Qwen3-MoE (Qwen3 with mixture-of-experts MLPs:
 `moe.py`) and Gemma 3 (sliding-window layers with their own rotary base, q/k norms, norms after
-attention and MLP too, GeGLU, a scaled embedding). GQA, rotary
+attention and MLP too, GeGLU, a scaled embedding), Gemma 2
+(Gemma 3 without q/k norms or a local rotary base, its attention scores soft-capped) and Phi-3 (q/k/v
+and gate/up fused in its checkpoints too). GQA, rotary
 embeddings (HF "rotate half" layout), RMSNorm, optionally tied embeddings; what differs between the
 families is data in ModelConfig.
 
@@ -34,6 +36,7 @@ from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit, concat_rows, pack_panels
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from radixgen.runtime.layers.attention import softcap
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
 from radixgen.runtime.layers.linear import (
@@ -88,7 +91,8 @@ class DecoderLayer(nn.Module):
         self.input_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.qkv = DenseLinear(c.hidden_size, q_size + 2 * kv_size, bias=c.qkv_bias)
         self.attn = Attention(layer_id, plan.heads, plan.kv_heads, c.head_dim, c.rms_norm_eps if c.qk_norm else None,
-                              c.query_scale, window, local_rope=window is not None and c.rope_local_theta is not None)
+                              c.query_scale, window, local_rope=window is not None and c.rope_local_theta is not None,
+                              softcap=c.attn_logit_softcap)
         self.o_proj = _row_parallel(DenseLinear(q_size, c.hidden_size), tp)
         # the norm before the MLP (HF: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm)
         self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -112,9 +116,10 @@ class DecoderLayer(nn.Module):
 
     @property
     def plain(self) -> bool:
-        """A Llama-shaped layer (what the one-call C decode runs): no q/k norm, global attention, no
+        """A Llama-shaped layer (what the one-call C decode runs): no q/k norm, global uncapped attention, no
         norms on the outputs, a dense SwiGLU MLP (not a mixture of experts)."""
-        return (self.attn.can_fuse_rope and self.attn.window is None and self.attn_out_norm is None
+        return (self.attn.can_fuse_rope and self.attn.window is None and self.attn.softcap is None
+                and self.attn_out_norm is None
                 and isinstance(self.mlp, MLP) and isinstance(self.mlp.act, SiluAndMul))
 
     def use_c_kernels(self) -> None:
@@ -132,19 +137,37 @@ def layer_matrices(plan: ShardPlan, layer_id: int) -> dict[str, list[tuple[str, 
     with the (rows, columns) of each that this rank holds (None: all). A mixture-of-experts layer has a
     router and each expert's gate/up and down (one rank only: all of each)."""
     q, kv, mlp = plan.q_rows(), plan.kv_rows(), plan.mlp_rows()
+    fused = _fused_checkpoint_parts(plan) if plan.config.fused_checkpoint else {}
     attn = {
         "qkv": [("self_attn.q_proj", q, None), ("self_attn.k_proj", kv, None), ("self_attn.v_proj", kv, None)],
         "o_proj": [("self_attn.o_proj", None, q)],
     }
     if not plan.config.is_moe(layer_id):
         return attn | {"mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
-                       "mlp.down": [("mlp.down_proj", None, mlp)]}
+                       "mlp.down": [("mlp.down_proj", None, mlp)]} | fused
     experts = {}
     for e in range(plan.config.num_experts):
         p = f"mlp.experts.{e}"
         experts[f"{p}.gate_up"] = [(f"{p}.gate_proj", None, None), (f"{p}.up_proj", None, None)]
         experts[f"{p}.down"] = [(f"{p}.down_proj", None, None)]
     return attn | {"mlp.router": [("mlp.gate", None, None)]} | experts
+
+
+def _fused_checkpoint_parts(plan: ShardPlan) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
+    """q/k/v and gate/up where the checkpoint holds each as one tensor (Phi-3's qkv_proj, gate_up_proj):
+    the whole tensor on one rank, else this rank's rows of each of its parts."""
+    if plan.size == 1:
+        return {"qkv": [("self_attn.qkv_proj", None, None)], "mlp.gate_up": [("mlp.gate_up_proj", None, None)]}
+    c = plan.config
+    q_all, kv_all = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim  # rows of q and of k (v) in the tensor
+    kv, mlp = plan.kv_rows(), plan.mlp_rows()
+    return {"qkv": [("self_attn.qkv_proj", r, None) for r in (plan.q_rows(), _shift(kv, q_all),
+                                                               _shift(kv, q_all + kv_all))],
+            "mlp.gate_up": [("mlp.gate_up_proj", r, None) for r in (mlp, _shift(mlp, c.intermediate_size))]}
+
+
+def _shift(rows: slice, by: int) -> slice:
+    return slice(rows.start + by, rows.stop + by)
 
 
 @dataclass(frozen=True)
@@ -281,7 +304,10 @@ class LlamaModel(nn.Module):
                                  call.req_rows, call.seq_lens, call.shared)
         else:
             ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=plan.wide, local_rotary=self.local_rotary)
-            if self.window is not None and any(p + e > self.window for p, e in zip(fb.prefix_lens, fb.extend_lens,
+            if self.config.attn_logit_softcap is not None:  # capped scores: torch attention, windows in the masks
+                windows = {layer.attn.window for layer in self.layers}
+                ctx.capped = {w: softcap.step_call(fb, req_to_token, w) for w in windows}
+            elif self.window is not None and any(p + e > self.window for p, e in zip(fb.prefix_lens, fb.extend_lens,
                                                                                    strict=True)):
                 ctx.window_meta = backend.init_metadata(fb, req_to_token, window=self.window)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):

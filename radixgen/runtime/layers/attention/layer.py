@@ -5,7 +5,8 @@ one call on the projection in place: C with `rope_in_c` (CPU float32, `kernels/l
 Triton with `triton_rope` (the Triton attention backend, `kernels/triton_rope.rope_store`);
 otherwise torch ops, with the per-head q/k RMSNorm (Qwen3, Gemma 3) before the rotary. A
 sliding-window layer (`window`) attends through the step's windowed metadata and may have its own
-rotary table (`local_rope`: Gemma 3's local layers).
+rotary table (`local_rope`: Gemma 3's local layers). A layer whose scores are soft-capped (`softcap`:
+Gemma 2) attends in torch through the step's capped calls (`softcap.py`), not the backend.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.kernels import layer_ops
 from radixgen.runtime.layers.attention.base import AttentionBackend
+from radixgen.runtime.layers.attention.softcap import softcap_attention
 from radixgen.runtime.layers.rotary import Rotary
 
 
@@ -41,11 +43,13 @@ class ForwardContext:
     local_rotary: Rotary | None = None  # sliding-window layers' own rotary table, if any
     local_cos: torch.Tensor | None = None  # [T, 1, D/2] of `local_rotary`, for torch-path layers
     local_sin: torch.Tensor | None = None
+    capped: dict[int | None, Any] | None = None  # soft-capped layers' SdpaCall per window (softcap.step_call)
 
 
 class Attention(nn.Module):
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm_eps: float | None,
-                 scale: float | None = None, window: int | None = None, local_rope: bool = False):
+                 scale: float | None = None, window: int | None = None, local_rope: bool = False,
+                 softcap: float | None = None):
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -53,6 +57,7 @@ class Attention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
         self.window = window  # sliding window (keys, its own token included), None: all earlier tokens
         self.local_rope = local_rope  # rotary from the context's local table
+        self.softcap = softcap  # scores = softcap * tanh(scores / softcap) (None: uncapped)
         self.eps = qk_norm_eps
         self.q_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
         self.k_norm = nn.Parameter(torch.ones(head_dim)) if qk_norm_eps is not None else None
@@ -84,5 +89,7 @@ class Attention(nn.Module):
             cos, sin = (ctx.local_cos, ctx.local_sin) if self.local_rope else (ctx.cos, ctx.sin)
             q, k = Rotary.apply(q, cos, sin), Rotary.apply(k, cos, sin)
             pool.set_kv(self.layer_id, fb.out_cache_loc, k, v.view(t, self.num_kv_heads, self.head_dim))
+        if self.softcap is not None:
+            return softcap_attention(q, k_buf, v_buf, ctx.capped[self.window], self.scale, self.softcap)
         meta = ctx.window_meta if self.window is not None and ctx.window_meta is not None else ctx.meta
         return ctx.backend.forward(q, k_buf, v_buf, meta, self.scale)

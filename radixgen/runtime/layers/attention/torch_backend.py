@@ -153,7 +153,7 @@ def _windowed(fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool,
         if group is decode:
             calls.append(_window_decode_call(rows, req_to_token, req_rows, prefix_lens, window))
         else:
-            calls.append(_window_sdpa_call(rows, req_to_token, req_rows, prefix_lens, [lens[i] for i in group], window))
+            calls.append(window_sdpa_call(rows, req_to_token, req_rows, prefix_lens, [lens[i] for i in group], window))
     return calls
 
 
@@ -170,7 +170,7 @@ def _window_decode_call(rows: torch.Tensor | None, req_to_token: torch.Tensor, r
     return DecodeCall(rows, table, torch.arange(len(prefix_lens), device=device), n, None)
 
 
-def _window_sdpa_call(rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
+def window_sdpa_call(rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
                       prefix_lens: list[int], extend_lens: list[int], window: int) -> SdpaCall:
     """SDPA for new tokens whose keys are the `window` latest up to each query: each request's keys
     from the first its first query sees, the window and causality in the mask."""
