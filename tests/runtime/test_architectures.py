@@ -6,9 +6,12 @@ alternate layers) from both (Gemma 3: test_gemma3.py)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.llama import layer_matrices
 from radixgen.runtime.models.loader import open_checkpoint
+from radixgen.runtime.models.sharding import ShardPlan
 from radixgen.runtime.tokenizer import load_tokenizer
 from tests.conftest import build_tiny_model
 from tests.runtime.hf_to_gguf import convert
@@ -71,3 +74,21 @@ def test_gemma2_gguf_matches_hf_gguf_loader(tmp_path):
     assert (config.attn_logit_softcap, config.final_logit_softcap, config.sliding_layers) == (50.0, 30.0,
                                                                                              (True, False))
     check_model(path, load_tokenizer(hf_dir).encode(" ".join([PROMPT] * 3)))
+
+
+def test_phi3_fused_tensors_split_by_tp_rank():
+    """Under tensor parallelism each rank reads its rows of each part of Phi-3's fused tensors: the same
+    rows it reads of separate q/k/v (gate/up) matrices."""
+    c = ModelConfig(arch="phi3", vocab_size=8, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=16)
+    qkv, gate_up = torch.arange(64 + 2 * 32), torch.arange(2 * 128)  # row ids of qkv_proj, gate_up_proj
+    q, k, v = qkv.split([64, 32, 32])
+    gate, up = gate_up.split([128, 128])
+    for rank in range(2):
+        plan = ShardPlan(c, rank, 2)
+        parts = layer_matrices(plan, 0)
+        assert {n for n, _, _ in parts["qkv"]} == {"self_attn.qkv_proj"}
+        assert torch.cat([qkv[r] for _, r, _ in parts["qkv"]]).tolist() == torch.cat(
+            [q[plan.q_rows()], k[plan.kv_rows()], v[plan.kv_rows()]]).tolist()
+        assert torch.cat([gate_up[r] for _, r, _ in parts["mlp.gate_up"]]).tolist() == torch.cat(
+            [gate[plan.mlp_rows()], up[plan.mlp_rows()]]).tolist()
