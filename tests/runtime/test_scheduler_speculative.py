@@ -191,3 +191,23 @@ def test_drafting_follows_the_measured_cost_of_a_row():
         drafts[name] = worker.drafts_seen
         assert abs(s.speculator.costs.fixed_rows(4) - fixed / 0.001) < 0.2 * fixed / 0.001 + 0.5
     assert drafts["cache"] < drafts["bandwidth"] / 2, drafts
+
+
+def test_a_prompt_held_for_its_drafts_still_defers_one_sharing_its_prefix():
+    """A request that drafts at the end of its prefill and holds for the verification is still a prompt
+    in progress: a request sharing its prefix waits for it and takes that prefix from the tree instead of
+    computing it again (bench_spec's batch-8 extraction prefilled the shared one-shot example twice)."""
+    tok = shared_tokenizer()
+    worker = FakeWorker(copy_token, 20)
+    s = spec_scheduler(600, 4, 256, worker)
+    shared = [500 + j % 5 for j in range(64)]  # repeats: the prompt's end has a suffix match to draft from
+    first, _ = make_req(tok, "a", shared, 12, seed=1)
+    s.add_request(first)
+    s.step()  # its prefill, with drafts, in flight; it holds for their verification
+    assert first.flight.held and worker.drafts_seen > 0
+    second, _ = make_req(tok, "b", shared + [3001, 3002], 12, seed=2)
+    s.add_request(second)
+    run_until_idle(s)
+    assert second.cached_tokens >= len(shared)
+    for req in (first, second):
+        assert req.output_ids == expected_output(req, copy_token)

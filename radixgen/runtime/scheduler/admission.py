@@ -57,7 +57,8 @@ class Admission:
             if n <= 0 or need + n > kv.available():
                 continue
             chunks[id(req)], budget, need = n, budget - n, need + n
-        in_progress = self._prompts_in_progress(active) if waiting else None
+        # every unfinished prompt counts, a held or in-flight one too: its prefix is not in the tree yet
+        in_progress = self._prompts_in_progress([r for r in running if r.finished is None]) if waiting else None
         for req in self._ordered(waiting):
             if budget <= 0 or not kv.has_free_row() or len(running) >= self.config.max_running_requests:
                 break
