@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from radixgen.radix_cache import kv_quant
 from radixgen.runtime.executor.forward_batch import ForwardBatch
-from radixgen.runtime.layers.attention.torch_backend import SdpaCall, window_sdpa_call
+from radixgen.runtime.layers.attention.torch_backend import SdpaCall, padded, unpadded, window_sdpa_call
 
 
 def step_call(fb: ForwardBatch, req_to_token: torch.Tensor, window: int | None) -> SdpaCall:
@@ -33,18 +32,9 @@ def softcap_attention(
     cap: float,
 ) -> torch.Tensor:  # [T, H * D]
     """softmax(cap * tanh(q k^T * scale / cap) masked) v for the step's queries, the softmax in float32."""
-    t, h, d = q.shape
-    b, s = call.kv_index.shape
-    flat = call.kv_index.view(-1)
-    k = kv_quant.gather(k_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    v = kv_quant.gather(v_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    group = h // k.shape[1]
+    qb, k, v = padded(q, k_buffer, v_buffer, call)  # [B, H, E, D], [B, Hkv, S, D] x 2
+    group = qb.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [B, H, S, D]
-    rows = q if call.q_pad_index is None else q.index_select(0, call.q_pad_index.view(-1))  # [B * E, H, D]
-    qb = rows.view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
     scores = torch.matmul(qb, k.transpose(-1, -2)).float().mul_(scale)  # [B, H, E, S]
     scores = scores.div_(cap).tanh_().mul_(cap).masked_fill_(~call.attn_mask, float("-inf"))
-    out = torch.matmul(scores.softmax(-1).to(q.dtype), v).transpose(1, 2)  # [B, E, H, D]
-    if call.q_unpad_mask is not None:
-        out = out[call.q_unpad_mask]  # [T, H, D]
-    return out.reshape(t, h * d)
+    return unpadded(torch.matmul(scores.softmax(-1).to(q.dtype), v), call, q.shape[0])  # [T, H * D]

@@ -297,6 +297,29 @@ def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: 
     return _sdpa(q, k_buffer, v_buffer, call, scale)
 
 
+def padded(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
+           call: SdpaCall) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The call's queries [B, H, E, D] (padded per request) and its gathered keys and values
+    [B, Hkv, S, D] each, in q's dtype, from q [n, H, D] and the K/V buffers [N, Hkv, D]."""
+    n, h, d = q.shape
+    b, s = call.kv_index.shape
+    flat = call.kv_index.view(-1)  # index_select: ~4x faster than advanced indexing on CPU
+    # the KV cache may hold another dtype than q (kv_cache_dtype): the gathered copy is converted
+    k = kv_quant.gather(k_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
+    v = kv_quant.gather(v_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
+    rows = q if call.q_pad_index is None else q.index_select(0, call.q_pad_index.view(-1))  # [B * E, H, D]
+    return rows.view(b, -1, h, d).transpose(1, 2), k, v
+
+
+def unpadded(out: torch.Tensor, call: SdpaCall, n: int) -> torch.Tensor:
+    """[B, H, E, D] -> the call's n real query rows [n, H * D]."""
+    b, h, _, d = out.shape
+    out = out.transpose(1, 2)  # [B, E, H, D]
+    if call.q_unpad_mask is not None:
+        out = out[call.q_unpad_mask]  # [n, H, D]
+    return out.reshape(n, h * d)
+
+
 def _sdpa(
     q: torch.Tensor,  # [n, H, D] the group's queries
     k_buffer: torch.Tensor,  # [N, Hkv, D]
@@ -304,26 +327,15 @@ def _sdpa(
     call: SdpaCall,
     scale: float,
 ) -> torch.Tensor:  # [n, H * D]
-    n, h, d = q.shape
-    b, s = call.kv_index.shape
-    flat = call.kv_index.view(-1)  # index_select: ~4x faster than advanced indexing on CPU
-    # the KV cache may hold another dtype than q (kv_cache_dtype): the gathered copy is converted
-    k = kv_quant.gather(k_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    v = kv_quant.gather(v_buffer, flat, q.dtype).view(b, s, -1, d).transpose(1, 2)  # [B, Hkv, S, D]
-    if call.q_pad_index is None:
-        qb = q.view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
-    else:
-        qb = q.index_select(0, call.q_pad_index.view(-1)).view(b, -1, h, d).transpose(1, 2)  # [B, H, E, D]
+    qb, k, v = padded(q, k_buffer, v_buffer, call)
     if call.shared is None:
         out = F.scaled_dot_product_attention(
-            qb, k, v, attn_mask=call.attn_mask, is_causal=call.is_causal, scale=scale, enable_gqa=h != k.shape[1]
+            qb, k, v, attn_mask=call.attn_mask, is_causal=call.is_causal, scale=scale,
+            enable_gqa=qb.shape[1] != k.shape[1],
         )  # [B, H, E, D]
     else:
         out = _cascade(qb, k, v, k_buffer, v_buffer, call, scale)
-    out = out.transpose(1, 2)  # [B, E, H, D]
-    if call.q_unpad_mask is not None:
-        out = out[call.q_unpad_mask]  # [n, H, D]
-    return out.reshape(n, h * d)
+    return unpadded(out, call, q.shape[0])
 
 
 def _cascade(
