@@ -37,8 +37,18 @@ def test_silu_mul(t, inter):
     torch.testing.assert_close(cpu_layer_ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("t,inter", [(1, 2048), (4, 20), (64, 1536)])
+def test_gelu_mul(t, inter):
+    gu = torch.randn(t, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 4
+    gu[0, :6] = torch.tensor([-100.0, 100.0, 0.0, -87.5, 1e-3, -5.0])  # saturated ends of the tanh, near 0
+    gate, up = gu.double().chunk(2, dim=-1)
+    expect = (F.gelu(gate, approximate="tanh") * up).float()  # float64 math: float32's 1 + tanh(y) loses x < -4
+    torch.testing.assert_close(cpu_layer_ops.gelu_mul(gu), expect, rtol=2e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (6, 2, 80)])
-def test_rope_store(heads, kv_heads, head_dim):
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_store(heads, kv_heads, head_dim, qk_norm):
     from radixgen.runtime.models.config import ModelConfig
 
     cfg = ModelConfig(arch="llama", vocab_size=10, hidden_size=heads * head_dim, intermediate_size=8, num_layers=1,
@@ -52,11 +62,18 @@ def test_rope_store(heads, kv_heads, head_dim):
     loc = torch.randperm(40, generator=g)[:t] + 1
     k_buf, v_buf = torch.zeros(41, kv_heads, head_dim), torch.zeros(41, kv_heads, head_dim)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
+    q, k = q.reshape(t, heads, head_dim), k.reshape(t, kv_heads, head_dim)
+    norms = {}
+    if qk_norm:  # Qwen3 / Gemma 3: per-head RMSNorm before the rotary
+        norms = {"q_norm": torch.rand(head_dim, generator=g) + 0.5, "k_norm": torch.rand(head_dim, generator=g) + 0.5,
+                 "eps": 1e-6}
+        q = F.rms_norm(q, (head_dim,), norms["q_norm"], 1e-6)
+        k = F.rms_norm(k, (head_dim,), norms["k_norm"], 1e-6)
     cos, sin = rot.gather(positions, torch.float32)
-    q_ref = rot.apply(q.reshape(t, heads, head_dim), cos, sin)
-    k_ref = rot.apply(k.reshape(t, kv_heads, head_dim), cos, sin)
+    q_ref = rot.apply(q, cos, sin)
+    k_ref = rot.apply(k, cos, sin)
     v_ref = v.reshape(t, kv_heads, head_dim).clone()
-    cpu_layer_ops.rope_store(qkv, heads, kv_heads, rot.cos, rot.sin, positions, loc, k_buf, v_buf)
+    cpu_layer_ops.rope_store(qkv, heads, kv_heads, rot.cos, rot.sin, positions, loc, k_buf, v_buf, **norms)
     torch.testing.assert_close(qkv[:, : heads * head_dim].view(t, heads, head_dim), q_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_buf[loc], k_ref, rtol=1e-5, atol=1e-5)
     assert torch.equal(v_buf[loc], v_ref)

@@ -1,8 +1,11 @@
 """All layers of a decode step in one C call (`fused_decode`) against the per-op path it replaces.
 
 Both run the same kernels in the same order, so logits and the K/V written must be bitwise equal;
-the per-op path itself is checked against HF transformers in test_model_logits.py. Covered: plain
-decodes of different lengths, and decodes that share a cached prefix (the cascade attention).
+the per-op path itself is checked against HF transformers in test_model_logits.py and test_gemma3.py.
+Covered: plain decodes of different lengths, and decodes that share a cached prefix (the cascade
+attention), on SmolLM2 and on a tiny Gemma 3 GGUF in the 270M file's quant mix (q/k norms, norms on
+the attention's and MLP's outputs, GeGLU, sliding-window layers with their own rotary table, every
+request past the 16-token window in some steps, not in others).
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from radixgen.runtime.kernels import ffi
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(scope="module")
-def runner(smollm2_path) -> ModelRunner:
-    return ModelRunner(EngineConfig(model=str(smollm2_path), max_total_tokens=4096, max_running_requests=16))
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def runner(request, tmp_path_factory) -> ModelRunner:
+    if request.param == "smollm2":
+        path = request.getfixturevalue("smollm2_path")
+    else:
+        from tests.runtime.gguf_models import write_tiny_gemma3_gguf
+        from tests.runtime.test_gemma3 import Q4_K_M_MIX
+
+        path = write_tiny_gemma3_gguf(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf", Q4_K_M_MIX, "Q5_0")
+    return ModelRunner(EngineConfig(model=str(path), max_total_tokens=4096, max_running_requests=16))
 
 
 def _prefill(runner: ModelRunner, prompts: list[list[int]], shared: int) -> list[tuple[int, list[int]]]:
@@ -50,16 +60,24 @@ def _decode_step(runner: ModelRunner, seqs: list[tuple[int, list[int]]], tokens:
     return runner.forward(fb)  # [B, V]
 
 
-@pytest.mark.parametrize("shared", [0, 80])  # 80: every request starts with the same 80 KV slots (cascade)
-def test_fused_decode_equals_per_op_path(runner, shared):
+# shared 80: every request starts with the same 80 KV slots (the cascade); short prompts stay within the window
+@pytest.mark.parametrize("shared,lengths", [(0, (5, 17, 3, 40, 9)), (80, (5, 17, 3, 40, 9)), (0, (5, 3, 9, 2, 7))])
+def test_fused_decode_equals_per_op_path(runner, shared, lengths, monkeypatch):
     model, kv = runner.model, runner.token_to_kv_pool
     fused_decode = model.decode_in_c
     assert fused_decode is not None
+    calls = []  # the C step's calls, so the comparison cannot pass by both sides taking the per-op path
+    monkeypatch.setattr(fused_decode, "run", lambda *a, **k: calls.append(1) or type(fused_decode).run(
+        fused_decode, *a, **k))
+    if model.window is not None:  # Gemma 3: the C step's layers are Gemma's, some of them windowed
+        assert any(w.local for w in fused_decode.layers) and all(w.gelu and w.q_norm is not None
+                                                                 for w in fused_decode.layers)
     g = torch.Generator().manual_seed(shared)
-    prefix = torch.randint(100, 40000, (shared,), generator=g).tolist()
-    prompts = [prefix + torch.randint(100, 40000, (n,), generator=g).tolist() for n in (5, 17, 3, 40, 9)]
+    top = min(40000, model.config.vocab_size)
+    prefix = torch.randint(100, top, (shared,), generator=g).tolist()
+    prompts = [prefix + torch.randint(100, top, (n,), generator=g).tolist() for n in lengths]
     seqs = _prefill(runner, prompts, shared)
-    tokens = [int(t) for t in torch.randint(100, 40000, (len(seqs),), generator=g)]
+    tokens = [int(t) for t in torch.randint(100, top, (len(seqs),), generator=g)]
     for _ in range(3):
         loc = kv.alloc(len(seqs))
         model.decode_in_c = None  # the per-op path (each layer still runs its fused C ops)
@@ -73,3 +91,4 @@ def test_fused_decode_equals_per_op_path(runner, shared):
         for s, t in zip(seqs, tokens, strict=True):
             s[1].append(t)
         tokens = fused.argmax(-1).tolist()
+    assert len(calls) == 3

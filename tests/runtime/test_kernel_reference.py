@@ -21,7 +21,7 @@ from radixgen.radix_cache import kv_quant
 from radixgen.runtime.kernels import build, ffi, layer_ops
 from radixgen.runtime.kernels import decode_attention as attn
 from radixgen.runtime.kernels.block_gemm import block_linear, pack_panels
-from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights, WindowKeys
 from radixgen.runtime.kernels.gguf_blocks import from_gguf
 from tests.runtime.test_block_gemm import ALL_TYPES, random_gguf, width
 from tests.runtime.test_cpu_attention import kv_buffer
@@ -139,24 +139,27 @@ def test_layer_ops(libs, n):
     for lib in libs:
         hh = h.clone()
         outs.append((hh, layer_ops.add_rms_norm(hh, w, 1e-5, delta=delta, lib=lib),
-                     layer_ops.silu_mul(torch.cat([h, delta], 1), lib=lib)))
+                     layer_ops.silu_mul(torch.cat([h, delta], 1), lib=lib),
+                     layer_ops.gelu_mul(torch.cat([h, delta], 1) * 3, lib=lib)))
     for a, b in zip(*outs, strict=True):
         close(a, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
-def test_rope_store(libs, dtype):
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_store(libs, dtype, qk_norm):
     g = torch.Generator().manual_seed(1)
     heads, kv_heads, d, t = 6, 2, 18, 5
     qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g)
     cos, sin = torch.rand(64, d // 2, generator=g), torch.rand(64, d // 2, generator=g)
     positions, loc = torch.tensor([0, 3, 63, 9, 9]), torch.tensor([4, 1, 7, 2, 5])
+    norms = {"q_norm": torch.rand(d, generator=g) + 0.5, "k_norm": torch.rand(d, generator=g) + 0.5} if qk_norm else {}
     results = []
     for lib in libs:
         width = d + 4 if dtype == torch.int8 else d
         kb, vb = (torch.zeros(9, kv_heads, width, dtype=dtype) for _ in range(2))
         x = qkv.clone()
-        layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, lib=lib)
+        layer_ops.rope_store(x, heads, kv_heads, cos, sin, positions, loc, kb, vb, **norms, lib=lib)
         results.append((x, kb, vb))
     for a, b in zip(*results, strict=True):
         if a.dtype == torch.int8:  # the rotated k may differ by FMA rounding: within one int8 step
@@ -168,8 +171,11 @@ def test_rope_store(libs, dtype):
 
 
 @pytest.mark.parametrize("shared", [0, 12])
-def test_decode_layers(libs, shared):
-    """Two synthetic layers on random block weights: the whole C decode step, native vs scalar."""
+@pytest.mark.parametrize("gemma", [False, True])
+def test_decode_layers(libs, shared, gemma):
+    """Two synthetic layers on random block weights: the whole C decode step, native vs scalar; with
+    `gemma`, Gemma 3's parts (q/k norms, output norms, GeGLU; the first layer windowed over each token's
+    last 5 keys with its own rotary table)."""
     hidden, heads, kv_heads, d, inter, batch = 64, 4, 2, 16, 96, 3
     g = torch.Generator().manual_seed(shared)
 
@@ -183,6 +189,11 @@ def test_decode_layers(libs, shared):
                            k_bufs[i], v_bufs[i], weight((heads + 2 * kv_heads) * d, hidden, 10 * i),
                            weight(hidden, heads * d, 10 * i + 1), weight(2 * inter, hidden, 10 * i + 2),
                            weight(hidden, inter, 10 * i + 3)) for i in range(2)]
+    if gemma:
+        for i, layer in enumerate(layers):
+            layer.q_norm, layer.k_norm = (torch.rand(d, generator=g) + 0.5 for _ in range(2))
+            layer.attn_out_norm, layer.mlp_out_norm = (torch.rand(hidden, generator=g) + 0.5 for _ in range(2))
+            layer.gelu, layer.local = True, i == 0
     step = DecodeLayers(layers, DecodeDims(heads, kv_heads, d, inter, 1e-5, d**-0.5), max_rows=batch)
     own = [4, 9, 1]
     table = torch.zeros(batch, 32, dtype=torch.int64)
@@ -196,11 +207,17 @@ def test_decode_layers(libs, shared):
     positions, loc = seq - 1, table[torch.arange(batch), seq - 1]
     cos, sin = torch.rand(64, d // 2, generator=g), torch.rand(64, d // 2, generator=g)
     h0 = torch.randn(batch, hidden, generator=g)
+    local = {}
+    if gemma:
+        lo = (seq - 5).clamp(min=0)
+        win = torch.stack([table[r, lo[r] + torch.arange(5).clamp(max=seq[r] - 1 - lo[r])] for r in range(batch)])
+        local = {"local_cos": torch.rand(64, d // 2, generator=g), "local_sin": torch.rand(64, d // 2, generator=g),
+                 "window": WindowKeys(win, torch.arange(batch), seq - lo)}
     out = []
     for lib in libs:
         h = h0.clone()
         step.run(h, positions, loc, cos, sin, table, torch.arange(batch), seq, slots[:shared] if shared else None,
-                 lib=lib)
+                 **local, lib=lib)
         out.append(h)
     close(out[0], out[1], tol=1e-4)
 
@@ -208,7 +225,7 @@ def test_decode_layers(libs, shared):
 def test_bindings_come_from_the_header(libs):
     protos = ffi.prototypes()
     assert set(protos) >= {"block_gemm", "decode_attention", "shared_prefix_attention", "add_rms_norm", "silu_mul",
-                           "rope_store", "decode_layers"}
+                           "gelu_mul", "rope_store", "decode_layers"}
     for name, (restype, argtypes) in protos.items():
         assert getattr(libs[0], name).argtypes == argtypes and getattr(libs[0], name).restype == restype
     assert protos["decode_layers"] == (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,

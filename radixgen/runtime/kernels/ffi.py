@@ -31,7 +31,9 @@ class BlockWeightC(ctypes.Structure):
 class LayerC(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("k_buf", ctypes.c_void_p),
                 ("v_buf", ctypes.c_void_p), ("qkv", BlockWeightC), ("o", BlockWeightC), ("gate_up", BlockWeightC),
-                ("down", BlockWeightC)]
+                ("down", BlockWeightC), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p), ("gelu", ctypes.c_int64),
+                ("local", ctypes.c_int64)]
 
 
 class DecodeStepC(ctypes.Structure):
@@ -41,7 +43,9 @@ class DecodeStepC(ctypes.Structure):
                 ("sin_t", ctypes.c_void_p), ("positions", ctypes.c_void_p), ("loc", ctypes.c_void_p),
                 ("req_to_token", ctypes.c_void_p), ("table_stride", ctypes.c_int64), ("rows", ctypes.c_void_p),
                 ("seq_lens", ctypes.c_void_p), ("shared", ctypes.c_void_p), ("n_shared", ctypes.c_int64),
-                ("kv_dtype", ctypes.c_int64)]
+                ("kv_dtype", ctypes.c_int64), ("local_cos_t", ctypes.c_void_p), ("local_sin_t", ctypes.c_void_p),
+                ("win_table", ctypes.c_void_p), ("win_stride", ctypes.c_int64), ("win_rows", ctypes.c_void_p),
+                ("win_seq_lens", ctypes.c_void_p)]
 
 
 STRUCTS = {"rg_block_weight": BlockWeightC, "rg_layer": LayerC, "rg_decode_step": DecodeStepC}

@@ -1,5 +1,5 @@
-"""RMSNorm and SiLU-and-multiply, each in torch or in C (`kernels/layer_ops.py`), chosen at load;
-GELU-and-multiply (Gemma's GeGLU) in torch.
+"""RMSNorm, SiLU-and-multiply and GELU-and-multiply (Gemma's GeGLU), each in torch or in C
+(`kernels/layer_ops.py`), chosen at load.
 
 In torch each is several ops (an RMSNorm alone is pow, mean, add, rsqrt, mul, mul), and at decode
 batch sizes every op costs its dispatch, not its arithmetic; the C versions (CPU, float32) do the
@@ -56,8 +56,10 @@ class GeluAndMul(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.in_c = False  # no C version: kept in torch
+        self.in_c = False  # set by `DecoderLayer.use_c_kernels` (LlamaModel.prepare)
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.in_c:
+            return layer_ops.gelu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.gelu(gate, approximate="tanh").mul_(up)

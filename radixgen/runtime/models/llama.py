@@ -35,7 +35,7 @@ from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit, concat_rows, pack_panels
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
-from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights
+from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights, WindowKeys
 from radixgen.runtime.layers.attention import softcap
 from radixgen.runtime.layers.attention.base import AttentionBackend
 from radixgen.runtime.layers.attention.layer import Attention, ForwardContext
@@ -115,21 +115,18 @@ class DecoderLayer(nn.Module):
         return hidden.add_(m if self.mlp_out_norm is None else self.mlp_out_norm(m))
 
     @property
-    def plain(self) -> bool:
-        """A Llama-shaped layer (what the one-call C decode runs): no q/k norm, global uncapped attention, no
-        norms on the outputs, a dense SwiGLU MLP (not a mixture of experts)."""
-        return (self.attn.can_fuse_rope and self.attn.window is None and self.attn.softcap is None
-                and self.attn_out_norm is None
-                and isinstance(self.mlp, MLP) and isinstance(self.mlp.act, SiluAndMul))
+    def one_call(self) -> bool:
+        """What the one-call C decode runs: uncapped attention (global or windowed, q/k norms or not) and a
+        dense MLP (not a mixture of experts), its per-token ops in C."""
+        return self.attn.softcap is None and isinstance(self.mlp, MLP) and self.attn.rope_in_c
 
     def use_c_kernels(self) -> None:
-        """Per-token ops in C (CPU float32): the norms; SiLU * up; rotary + K/V store where no q/k
-        norm comes between (those layers keep torch's)."""
+        """Per-token ops in C (CPU float32): the norms; SiLU or GELU * up; q/k norms + rotary + K/V store."""
         for norm in (self.input_norm, self.post_attn_norm, self.attn_out_norm, self.mlp_out_norm):
             if norm is not None:
                 norm.in_c = True
-        self.mlp.act.in_c = isinstance(self.mlp.act, SiluAndMul)
-        self.attn.rope_in_c = self.attn.can_fuse_rope
+        self.mlp.act.in_c = True
+        self.attn.rope_in_c = True
 
 
 def layer_matrices(plan: ShardPlan, layer_id: int) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
@@ -252,24 +249,29 @@ class LlamaModel(nn.Module):
 
     def _bind_kv_pool(self, pool: TokenToKVPool) -> None:
         """Set up the one-call C decode step over `pool` where it applies: a CPU pool of a KV dtype the
-        kernels read and every layer a plain one (no mixture of experts) on GGUF-block matrices (no qkv
-        bias) with its per-token ops in C."""
+        kernels read and every layer one the C step runs (no soft-cap, no mixture of experts) on GGUF-block
+        matrices (no qkv bias) with its per-token ops in C."""
         self.decode_in_c = None
         k0 = pool.k_buffer[0]
         if self.tp is not None or not DecodeLayers.available() or k0.dtype not in KV_DTYPES or k0.device.type != "cpu":
             return
         weights = []
         for i, layer in enumerate(self.layers):
-            if not layer.plain:
+            if not layer.one_call:
                 return
             mats = (layer.qkv, layer.o_proj, layer.mlp.gate_up, layer.mlp.down)
-            if not (layer.attn.rope_in_c and layer.qkv.bias is None and all(isinstance(m, BlockLinear) for m in mats)):
+            if not (layer.qkv.bias is None and all(isinstance(m, BlockLinear) for m in mats)):
                 return
-            weights.append(LayerWeights(layer.input_norm.weight, layer.post_attn_norm.weight, pool.k_buffer[i],
-                                        pool.v_buffer[i], *(m.panels for m in mats)))
+            out_norms = (layer.attn_out_norm, layer.mlp_out_norm)
+            weights.append(LayerWeights(
+                layer.input_norm.weight, layer.post_attn_norm.weight, pool.k_buffer[i], pool.v_buffer[i],
+                *(m.panels for m in mats), q_norm=layer.attn.q_norm, k_norm=layer.attn.k_norm,
+                attn_out_norm=None if out_norms[0] is None else out_norms[0].weight,
+                mlp_out_norm=None if out_norms[1] is None else out_norms[1].weight,
+                gelu=isinstance(layer.mlp.act, GeluAndMul), local=layer.attn.window is not None))
         a, mlp = self.layers[0].attn, self.layers[0].mlp
         dims = DecodeDims(a.num_heads, a.num_kv_heads, a.head_dim, mlp.down.in_features, self.config.rms_norm_eps,
-                          a.scale)
+                          a.scale)  # Gemma's q/k norms take the model's eps too
         limit = None if self.long_extend_min is not None else block_rows_limit()
         self.decode_in_c = DecodeLayers(weights, dims, limit or sys.maxsize)
 
@@ -299,16 +301,18 @@ class LlamaModel(nn.Module):
         if self.config.embed_scale != 1.0:
             h = h * self.config.embed_scale
         call = backend.decode_step(meta) if plan.one_call else None
-        if call is not None:
+        window = self._window_keys(fb, req_to_token, backend) if call is not None else None
+        if call is not None and window is not False:
+            local = self.local_rotary
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
-                                 call.req_rows, call.seq_lens, call.shared)
+                                 call.req_rows, call.seq_lens, call.shared, None if local is None else local.cos,
+                                 None if local is None else local.sin, window)
         else:
             ctx = ForwardContext(fb, pool, backend, meta, self.rotary, wide=plan.wide, local_rotary=self.local_rotary)
             if self.config.attn_logit_softcap is not None:  # capped scores: torch attention, windows in the masks
                 windows = {layer.attn.window for layer in self.layers}
                 ctx.capped = {w: softcap.step_call(fb, req_to_token, w) for w in windows}
-            elif self.window is not None and any(p + e > self.window for p, e in zip(fb.prefix_lens, fb.extend_lens,
-                                                                                   strict=True)):
+            elif self._past_window(fb):
                 ctx.window_meta = backend.init_metadata(fb, req_to_token, window=self.window)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
@@ -323,6 +327,22 @@ class LlamaModel(nn.Module):
         logits = self.lm_head(self.norm(h)).float()  # [L, V]
         cap = self.config.final_logit_softcap
         return logits if cap is None else logits.div_(cap).tanh_().mul_(cap)
+
+    def _past_window(self, fb: ForwardBatch) -> bool:
+        """Whether some request of step `fb` attends past the sliding window (its layers then need the
+        windowed metadata)."""
+        return self.window is not None and any(p + e > self.window for p, e in zip(fb.prefix_lens, fb.extend_lens,
+                                                                                  strict=True))
+
+    def _window_keys(self, fb: ForwardBatch, req_to_token: torch.Tensor,
+                     backend: AttentionBackend) -> WindowKeys | None | bool:
+        """The one-call decode's keys of sliding-window layers for pure-decode step `fb`: None where no
+        request is past the window (those layers read as global ones), False where the backend offers no
+        one call for the windowed step."""
+        if not self._past_window(fb):
+            return None
+        call = backend.decode_step(backend.init_metadata(fb, req_to_token, window=self.window))
+        return False if call is None else WindowKeys(call.req_to_token, call.req_rows, call.seq_lens)
 
     def load_weights(self, ckpt: Checkpoint, blocks: bool = False) -> None:
         """Read this rank's part of the HF-named checkpoint tensors (only that part; fails loudly on

@@ -1,8 +1,9 @@
 /* Every decoder layer of a pure-decode step in one call, for the float32 CPU forward.
  *
  * The same kernels in the same order as the model's per-op path (`DecoderLayer.forward` with its
- * C ops): RMSNorm, block GEMM q/k/v, rotary + K/V store, decode attention (or the shared-prefix
- * cascade), block GEMM o, residual + RMSNorm, block GEMM gate/up, SiLU * up, block GEMM down,
+ * C ops): RMSNorm, block GEMM q/k/v, (q/k head norms +) rotary + K/V store, decode attention (or the
+ * shared-prefix cascade; a sliding-window layer over its window's slots), block GEMM o, (its output
+ * norm,) residual + RMSNorm, block GEMM gate/up, SiLU or GELU * up, block GEMM down, (its output norm,)
  * residual. So the result is bitwise that path's; what goes away is ~12 Python -> C transitions a
  * layer (5-10 us each: 2-4 ms of a SmolLM2 step). The layers and the step are the structs of
  * radixgen_kernels.h.
@@ -52,22 +53,37 @@ int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_d
     int rc = 0;
     for (int64_t l = 0; l < n_layers && rc == 0; l++) {
         const rg_layer *layer = layers + l;
+        const int local = layer->local && step->local_cos_t != NULL;
+        const int windowed = layer->local && step->win_table != NULL; /* some token's keys reach past the window */
         add_rms_norm(h, NULL, layer->input_norm, T, hidden, step->eps, x, nthreads);
         if ((rc = block_gemm(&layer->qkv, x, T, hidden, qkv_n, qkv, nthreads)) != 0) break;
-        rope_store(qkv, T, H, Hkv, D, step->cos_t, step->sin_t, step->positions, step->loc, layer->k_buf,
-                   layer->v_buf, kv, nthreads);
+        rope_store(qkv, T, H, Hkv, D, local ? step->local_cos_t : step->cos_t, local ? step->local_sin_t : step->sin_t,
+                   step->positions, step->loc, layer->k_buf, layer->v_buf, kv, layer->q_norm, layer->k_norm,
+                   step->eps, nthreads);
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < qd; j++) q[t * qd + j] = qkv[t * qkv_n + j];
-        rc = decode_attention(q, layer->k_buf, layer->v_buf, kv, step->req_to_token, step->table_stride, step->rows,
-                              step->seq_lens, C, T, H, Hkv, D, step->scale, att, C > 0 ? lse : NULL, nthreads);
-        if (rc == 0 && C > 0)
-            rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, kv, step->shared, C, T, H, Hkv, D, step->scale,
-                                         att, lse, nthreads);
+        if (windowed) {  /* each token over its window's slots, no shared prefix (it may have left the window) */
+            rc = decode_attention(q, layer->k_buf, layer->v_buf, kv, step->win_table, step->win_stride,
+                                  step->win_rows, step->win_seq_lens, 0, T, H, Hkv, D, step->scale, att, NULL,
+                                  nthreads);
+        } else {
+            rc = decode_attention(q, layer->k_buf, layer->v_buf, kv, step->req_to_token, step->table_stride,
+                                  step->rows, step->seq_lens, C, T, H, Hkv, D, step->scale, att, C > 0 ? lse : NULL,
+                                  nthreads);
+            if (rc == 0 && C > 0)
+                rc = shared_prefix_attention(q, layer->k_buf, layer->v_buf, kv, step->shared, C, T, H, Hkv, D,
+                                             step->scale, att, lse, nthreads);
+        }
         if (rc != 0 || (rc = block_gemm(&layer->o, att, T, qd, hidden, o, nthreads)) != 0) break;
+        if (layer->attn_out_norm != NULL) add_rms_norm(o, NULL, layer->attn_out_norm, T, hidden, step->eps, o, nthreads);
         add_rms_norm(h, o, layer->post_norm, T, hidden, step->eps, x, nthreads); /* h += o */
         if ((rc = block_gemm(&layer->gate_up, x, T, hidden, 2 * inter, gu, nthreads)) != 0) break;
-        silu_mul(gu, T, inter, act, nthreads);
+        if (layer->gelu)
+            gelu_mul(gu, T, inter, act, nthreads);
+        else
+            silu_mul(gu, T, inter, act, nthreads);
         if ((rc = block_gemm(&layer->down, act, T, inter, hidden, dn, nthreads)) != 0) break;
+        if (layer->mlp_out_norm != NULL) add_rms_norm(dn, NULL, layer->mlp_out_norm, T, hidden, step->eps, dn, nthreads);
         for (int64_t i = 0; i < T * hidden; i++) h[i] += dn[i];
     }
     return rc;

@@ -112,13 +112,75 @@ void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthread
 }
 
 typedef struct {
+    const float *gu;
+    int64_t inter;
+    float *out;
+} gelu_job;
+
+/* gelu_tanh(x) = x / 2 * (1 + tanh(y)), y = sqrt(2 / pi) * (x + 0.044715 x^3), computed as
+ * x / (1 + e^(-2y)) (1 + tanh(y) = 2 sigmoid(2y)): no cancellation where tanh(y) is near -1. */
+#define GELU_2C 1.5957691216057308f /* 2 sqrt(2 / pi) */
+#define GELU_A 0.044715f
+
+static void gelu_rows(void *job, int64_t begin, int64_t end, int tid) {
+    const gelu_job *j = (const gelu_job *)job;
+    const float *gu = j->gu;
+    const int64_t inter = j->inter;
+    float *out = j->out;
+    (void)tid;
+    for (int64_t t = begin; t < end; t++) {
+        const float *g = gu + t * 2 * inter, *u = g + inter;
+        float *o = out + t * inter;
+        int64_t i = 0;
+#ifdef RG_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            const __m256 y2 = _mm256_mul_ps(_mm256_set1_ps(GELU_2C), _mm256_fmadd_ps(_mm256_set1_ps(GELU_A), x3, x));
+            const __m256 gl = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, y2))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
+        }
+#elif defined(RG_NEON)
+        for (; i + 4 <= inter; i += 4) {
+            const float32x4_t x = vld1q_f32(g + i);
+            const float32x4_t x3 = vmulq_f32(vmulq_f32(x, x), x);
+            const float32x4_t y2 = vmulq_n_f32(vfmaq_n_f32(x, x3, GELU_A), GELU_2C);
+            const float32x4_t gl = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), exp4(vnegq_f32(y2))));
+            vst1q_f32(o + i, vmulq_f32(gl, vld1q_f32(u + i)));
+        }
+#endif
+        for (; i < inter; i++) {
+            const float x = g[i];
+            o[i] = x / (1.0f + expf(-GELU_2C * (x + GELU_A * x * x * x))) * u[i];
+        }
+    }
+}
+
+/* gu [T, 2 * inter] = [gate | up] -> out [T, inter] = gelu_tanh(gate) * up (GeGLU). */
+void gelu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads) {
+    gelu_job job = {gu, inter, out};
+    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, gelu_rows, &job);
+}
+
+typedef struct {
     float *qkv;
     int64_t H, Hkv, D;
     const float *cos_t, *sin_t;
     const int64_t *positions, *loc;
     void *k_buf, *v_buf;
     int kv_dtype;
+    const float *q_norm, *k_norm;
+    float eps;
 } rope_job;
+
+/* x [D] = RMSNorm(x) * w in place. */
+static void head_rms_norm(float *x, const float *w, int64_t D, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < D; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int64_t i = 0; i < D; i++) x[i] = x[i] * r * w[i];
+}
 
 static void rope_rows(void *job, int64_t begin, int64_t end, int tid) {
     const rope_job *j = (const rope_job *)job;
@@ -134,6 +196,8 @@ static void rope_rows(void *job, int64_t begin, int64_t end, int tid) {
         const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
         for (int64_t h = 0; h < H + Hkv; h++) {
             float *a = x + h * D, *b = a + half;
+            const float *w = h < H ? j->q_norm : j->k_norm;
+            if (w != NULL) head_rms_norm(a, w, D, j->eps);
             for (int64_t i = 0; i < half; i++) {
                 const float x1 = a[i], x2 = b[i];
                 a[i] = x1 * c[i] - x2 * s[i];
@@ -148,12 +212,13 @@ static void rope_rows(void *job, int64_t begin, int64_t end, int tid) {
     }
 }
 
-/* qkv [T, (H + 2 Hkv) D]: rotate the q and k heads in place (rotate-half layout; cos/sin tables
- * [P, D/2] read at positions[t]), then copy each token's k and v heads to k_buf / v_buf
- * [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype (RG_KV_*, rounding to nearest even;
- * int8 rows [N, Hkv, D + 4] quantized per head). */
+/* qkv [T, (H + 2 Hkv) D]: each q and k head RMSNorm-ed (q_norm / k_norm [D], NULL: not) and rotated in
+ * place (rotate-half layout; cos/sin tables [P, D/2] read at positions[t]), then each token's k and v
+ * heads copied to k_buf / v_buf [N, Hkv, D] at slot loc[t], converted to the KV type kv_dtype
+ * (RG_KV_*, rounding to nearest even; int8 rows [N, Hkv, D + 4] quantized per head). */
 void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
-                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads) {
-    rope_job job = {qkv, H, Hkv, D, cos_t, sin_t, positions, loc, k_buf, v_buf, kv_dtype};
+                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype,
+                const float *q_norm, const float *k_norm, float eps, int nthreads) {
+    rope_job job = {qkv, H, Hkv, D, cos_t, sin_t, positions, loc, k_buf, v_buf, kv_dtype, q_norm, k_norm, eps};
     rg_parallel(T * (H + 2 * Hkv) * D >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, rope_rows, &job);
 }

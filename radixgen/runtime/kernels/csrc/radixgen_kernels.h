@@ -25,16 +25,24 @@ typedef struct {
     const void *sup;    /* K-quants: fp16 factors [panels, k / 256, 1 or 2, 16]; else NULL */
 } rg_block_weight;
 
-/* One decoder layer of the one-call decode step (decode_layers.c). */
+/* One decoder layer of the one-call decode step (decode_layers.c). The optional parts (NULL / 0:
+ * absent) are Qwen3's and Gemma's: per-head q/k RMSNorm, norms on the attention's and the MLP's outputs
+ * before each residual add, GeGLU, and a sliding window with its own rotary table. */
 typedef struct {
-    const float *input_norm; /* [hidden] */
-    const float *post_norm;  /* [hidden] */
-    void *k_buf;             /* [N, Hkv, D] in the step's kv_dtype */
-    void *v_buf;             /* [N, Hkv, D] in the step's kv_dtype */
-    rg_block_weight qkv;     /* [(H + 2 Hkv) D, hidden] */
-    rg_block_weight o;       /* [hidden, H D] */
-    rg_block_weight gate_up; /* [2 inter, hidden] */
-    rg_block_weight down;    /* [hidden, inter] */
+    const float *input_norm;    /* [hidden] */
+    const float *post_norm;     /* [hidden] the norm before the MLP */
+    void *k_buf;                /* [N, Hkv, D] in the step's kv_dtype */
+    void *v_buf;                /* [N, Hkv, D] in the step's kv_dtype */
+    rg_block_weight qkv;        /* [(H + 2 Hkv) D, hidden] */
+    rg_block_weight o;          /* [hidden, H D] */
+    rg_block_weight gate_up;    /* [2 inter, hidden] */
+    rg_block_weight down;       /* [hidden, inter] */
+    const float *q_norm;        /* [D] or NULL */
+    const float *k_norm;        /* [D] or NULL */
+    const float *attn_out_norm; /* [hidden] or NULL */
+    const float *mlp_out_norm;  /* [hidden] or NULL */
+    int64_t gelu;               /* 1: gelu_tanh(gate) * up; 0: silu(gate) * up */
+    int64_t local;              /* 1: a sliding-window layer (the step's window table and local rotary) */
 } rg_layer;
 
 /* A decode step's sizes and per-token inputs (decode_layers.c). Token t decodes request rows[t] at
@@ -62,6 +70,13 @@ typedef struct {
     const int64_t *shared;
     int64_t n_shared;
     int64_t kv_dtype;
+    const float *local_cos_t;     /* [P, D / 2] sliding-window layers' rotary (NULL: cos_t / sin_t) */
+    const float *local_sin_t;
+    const int64_t *win_table;     /* [tokens, win_stride] each token's keys in the window (NULL: all
+                                     tokens' keys are within it: local layers read as global ones) */
+    int64_t win_stride;
+    const int64_t *win_rows;      /* [tokens] 0 .. tokens - 1 */
+    const int64_t *win_seq_lens;  /* [tokens] keys in the window */
 } rg_decode_step;
 
 /* The SIMD paths this build runs, a bit set (simd_math.h): 0 scalar (no SIMD, or -DRADIXGEN_SCALAR),
@@ -114,9 +129,14 @@ void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64
 /* out [T, inter] = silu(gate) * up for gu [T, 2 inter] = [gate | up] (layer_ops.c). */
 void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads);
 
-/* Rotary embedding of qkv's q and k heads in place, then K/V stored at slots loc in kv_dtype (layer_ops.c). */
+/* out [T, inter] = gelu_tanh(gate) * up for gu [T, 2 inter] = [gate | up] (layer_ops.c). */
+void gelu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads);
+
+/* Per-head RMSNorm of qkv's q and k heads (q_norm / k_norm [D], NULL: none; eps), their rotary embedding
+ * in place, then K/V stored at slots loc in kv_dtype (layer_ops.c). */
 void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const float *cos_t, const float *sin_t,
-                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype, int nthreads);
+                const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype,
+                const float *q_norm, const float *k_norm, float eps, int nthreads);
 
 /* Every layer of a pure-decode step: h [tokens, hidden] updated in place (decode_layers.c). */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads);

@@ -1,9 +1,9 @@
 """One decoder layer's attention: rotary embedding, K/V store into the pool, the backend's attention.
 
-Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. Without q/k norms, rotary and the K/V store are
-one call on the projection in place: C with `rope_in_c` (CPU float32, `kernels/layer_ops.rope_store`),
-Triton with `triton_rope` (the Triton attention backend, `kernels/triton_rope.rope_store`);
-otherwise torch ops, with the per-head q/k RMSNorm (Qwen3, Gemma 3) before the rotary. A
+Takes the fused q/k/v projection [T, (H + 2 Hkv) D]. The per-head q/k RMSNorm (Qwen3, Gemma 3), the
+rotary and the K/V store are one call on the projection in place: C with `rope_in_c` (CPU float32,
+`kernels/layer_ops.rope_store`), or Triton with `triton_rope` (the Triton attention backend,
+`kernels/triton_rope.rope_store`, where no q/k norm comes between); otherwise torch ops. A
 sliding-window layer (`window`) attends through the step's windowed metadata and may have its own
 rotary table (`local_rope`: Gemma 3's local layers). A layer whose scores are soft-capped (`softcap`:
 Gemma 2) attends in torch through the step's capped calls (`softcap.py`), not the backend.
@@ -66,7 +66,8 @@ class Attention(nn.Module):
 
     @property
     def can_fuse_rope(self) -> bool:
-        """Rotary and the K/V store can be one kernel: no q/k norm comes between the projection and them."""
+        """Rotary and the K/V store can be one Triton kernel: no q/k norm comes between the projection and
+        them (the C kernel takes the norms too)."""
         return self.q_norm is None
 
     def forward(self, qkv: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:  # [T, H * D]
@@ -74,10 +75,13 @@ class Attention(nn.Module):
         fb, pool = ctx.batch, ctx.pool
         k_buf, v_buf = pool.k_buffer[self.layer_id], pool.v_buffer[self.layer_id]
         if self.rope_in_c or self.triton_rope is not None:
-            rope_store = layer_ops.rope_store if self.rope_in_c else self.triton_rope
             rotary = ctx.local_rotary if self.local_rope else ctx.rotary
-            rope_store(qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, fb.positions,
-                       fb.out_cache_loc, k_buf, v_buf)
+            args = (qkv, self.num_heads, self.num_kv_heads, rotary.cos, rotary.sin, fb.positions, fb.out_cache_loc,
+                    k_buf, v_buf)
+            if self.rope_in_c:
+                layer_ops.rope_store(*args, q_norm=self.q_norm, k_norm=self.k_norm, eps=self.eps or 0.0)
+            else:
+                self.triton_rope(*args)
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
         else:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)

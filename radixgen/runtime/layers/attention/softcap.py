@@ -5,7 +5,7 @@ and our C / Triton kernels take the scores as they come, so layers with a cap co
 (the reference eager attention HF transformers runs Gemma 2 with): one call per step over every
 request, keys gathered through `req_to_token`, causality and a sliding window (if the layer has one) in
 the mask. It builds the [B, H, E, S] score tensor, so a prompt chunk costs E x S floats per head; the
-one-call C decode never runs these layers (`DecoderLayer.plain`).
+one-call C decode never runs these layers (`DecoderLayer.one_call`).
 """
 
 from __future__ import annotations
