@@ -116,17 +116,35 @@ def test_mixed_formats_stack_in_the_widest():
     assert concat_rows([ws["Q8_0"], ws["Q6_K"]]) is None
 
 
+def test_q5_0_beside_q8_0_stacks_as_signed_bytes():
+    """Gemma 3 270M's fused q/k/v: Q5_0 q and k beside a Q8_0 v stack as one signed 8-bit matrix (Q5_0's
+    d (q - 16) as q - 16), value for value; Q5_0 alone keeps its 5-bit planes."""
+    k = width("Q5_0", 2)
+    raws = {t: random_gguf(t, 16 * (i + 1), k, seed=i) for i, t in enumerate(["Q5_0", "Q8_0"])}
+    fused = concat_rows([from_gguf(raws["Q5_0"], "Q5_0"), from_gguf(raws["Q8_0"], "Q8_0")])
+    expect = torch.cat([gguf_dense(raws["Q5_0"], "Q5_0", 16, k), gguf_dense(raws["Q8_0"], "Q8_0", 32, k)])
+    assert fused is not None and fused.bits == 8 and fused.minv is None and torch.equal(fused.dequantize(), expect)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(1))
+    ref = x.double() @ expect.double().t()
+    err = (block_linear(x, pack_panels(fused)).double() - ref).abs().max().item()
+    assert err <= 1e-5 * (1 + ref.abs().max().item())
+    assert concat_rows([from_gguf(raws["Q5_0"], "Q5_0")] * 2).bits == 5
+
+
 def test_panels_hold_the_files_scales_where_they_can():
     """GGUF's own fp16 scales stay fp16 in the panels, Q4_K's and Q6_K's integer scales and fp16 factors
     stay as the file has them (their panels take about the file's bytes); the other K-quants' products
-    d * sc take float32."""
+    d * sc take float32. 5-bit q take 5 bits (a 4-bit and a 1-bit plane)."""
     raws = {t: random_gguf(t, 32, width(t, 2), 0) for t in ALL_TYPES}
     panels = {t: pack_panels(from_gguf(r, t)) for t, r in raws.items()}
     fp16_or_own = {t for t, p in panels.items() if p.flags & SCALES_F32 == 0}
-    assert fp16_or_own == {"Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}
+    assert fp16_or_own == {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K"}
     assert {t for t, p in panels.items() if p.flags & SUPER_BLOCKS} == {"Q4_K", "Q6_K"}
     assert panels["Q6_K"].nbytes == raws["Q6_K"].nbytes  # 6-bit q, int8 scales, fp16 d: the file's bytes
     assert panels["Q4_K"].nbytes / raws["Q4_K"].nbytes == 18.5 / 18  # 6-bit scales and mins widened to a byte
+    assert panels["Q5_1"].nbytes == raws["Q5_1"].nbytes  # 5-bit q, fp16 d and m
+    assert panels["Q5_0"].nbytes / raws["Q5_0"].nbytes == 24 / 22  # its -16 d stored as an fp16 min
+    assert panels["Q5_K"].nbytes / raws["Q5_K"].nbytes == 28 / 22  # float32 d * sc and -dmin * m a block
 
 
 def test_rows_and_concat_keep_gguf_values():

@@ -63,6 +63,8 @@ class BlockWeight:
     bits 4: qs uint8 [n, k/2], q 0..15 (in each block's 16 bytes, low nibble = weight j, high = j + 16).
     bits 6 (Q6_K): qs uint8 [n, k/32 * 24], per block those 16 bytes of q's low 4 bits, then 8 bytes of
     its high 2 bits (byte 4p + t, bits 2i: weight 4 (p + 2i) + t).
+    bits 5 (Q5_0, Q5_1, Q5_K): qs uint8 [n, k/32 * 20], q 0..31: per block those 16 bytes of the low 4
+    bits, then 4 bytes of the high bit (byte t, bit g: weight 4g + t).
     bits 8: qs [n, k], int8 (signed q, no min: Q8_0, Q5_0) or uint8 (q 0..63, with a min: the 5-, 3-
     and 2-bit types). scale, minv: float32 [n, k/32 * halves]."""
 
@@ -75,7 +77,7 @@ class BlockWeight:
     @property
     def shape(self) -> tuple[int, int]:
         n, width = self.qs.shape
-        return n, {4: width * 2, 6: width // 24 * BLOCK, 8: width}[self.bits]
+        return n, {4: width * 2, 5: width // 20 * BLOCK, 6: width // 24 * BLOCK, 8: width}[self.bits]
 
     @property
     def halves(self) -> int:
@@ -102,6 +104,10 @@ class BlockWeight:
         low = torch.cat([per_block[..., :16] & 15, per_block[..., :16] >> 4], dim=-1).to(torch.int32)  # [n, nb, 32]
         if self.bits == 4:
             return low.view(n, k)
+        if self.bits == 5:
+            hb = per_block[..., 16:].to(torch.int32)  # [n, nb, t]
+            high = (hb[..., None, :] >> torch.arange(8, dtype=torch.int32).view(8, 1)) & 1  # [n, nb, g, t]
+            return (low | (high.reshape(n, -1, BLOCK) << 4)).view(n, k)
         hi = per_block[..., 16:].view(n, -1, 1, 2, 4).to(torch.int32)  # [n, nb, 1, p, t]
         shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int32).view(1, 1, 4, 1, 1)
         high = ((hi >> shifts) & 3).reshape(n, -1, BLOCK)  # [n, nb, i, p, t]: weight 8i + 4p + t
@@ -123,7 +129,8 @@ class PanelWeight:
     """A BlockWeight repacked for the kernel: rows padded to a multiple of 16 and grouped in panels
     of 16; in each block, 4 consecutive weights of the 16 rows form one 64-byte vector (see
     csrc/block_gemm.c). bits 4: qs uint8 [P, k/32, 4, 16, 4] (GGUF's block bytes: low nibble weight
-    4g + t, high nibble 16 + 4g + t); bits 8: qs [P, k/32, 8, 16, 4]; scale, minv [P, k/32, halves, 16]
+    4g + t, high nibble 16 + 4g + t); bits 5: those, then [P, k/32, 1, 16, 4] of the high bits (byte t,
+    bit g: weight 4g + t); bits 8: qs [P, k/32, 8, 16, 4]; scale, minv [P, k/32, halves, 16]
     in float16 where every value is one exactly (GGUF's own fp16 scales), else float32. K-quants in
     their own bytes (SUPER_BLOCKS): Q4_K scale, minv uint8 sc, m [P, k/32, 16] and `sup` fp16 d, dmin
     [P, k/256, 2, 16]; Q6_K (bits 6) qs [P, k/32, 6, 16, 4] (the 4-bit plane, then the 2-bit one), scale
@@ -168,7 +175,7 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
     signed = w.qs.dtype == torch.int8
     if (signed and w.minv is not None) or (w.bits == 8 and not signed and w.minv is None):
         raise ValueError("block weight: signed 8-bit q take no min, unsigned ones need one")
-    if halves == 2 and (w.bits == 4 or signed):
+    if halves == 2 and (w.bits in (4, 5) or signed):
         raise ValueError("block weight: scales per half block are read for unsigned 8-bit q and Q6_K's only")
     if w.bits == 8 and not signed and int(w.qs.max()) > 63:
         raise ValueError("block weight: unsigned 8-bit q must be at most 63 (AVX2's pair sums)")
@@ -202,10 +209,14 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
         qs = torch.cat([panel_major(low, 4, 4), panel_major(high, 2, 4)], dim=2)
         return PanelWeight(6, SUPER_BLOCKS | HALF_BLOCKS, n, qs.contiguous(), per_block(f.sc.to(torch.int8), 2),
                            None, per_block(f.d.half(), 1)[:, :, 0].contiguous())
-    groups = 4 if w.bits == 4 else 8  # 64-byte vectors per block
-    qs = panel_major(w.qs, groups, 4)
+    if w.bits == 5:  # a 4-bit and a 1-bit plane
+        planes = w.qs.view(n, nb, 20)
+        low, high = planes[..., :16].reshape(n, -1), planes[..., 16:].reshape(n, -1)
+        qs = torch.cat([panel_major(low, 4, 4), panel_major(high, 1, 4)], dim=2).contiguous()
+    else:
+        qs = panel_major(w.qs, 4 if w.bits == 4 else 8, 4)  # 64-byte vectors per block
     scale, minv = w.scale, w.minv
-    flags = 0 if signed or w.bits == 4 else UNSIGNED8 | SCALES_F32
+    flags = 0 if signed or w.bits in (4, 5) else UNSIGNED8 | SCALES_F32
     if halves == 2:
         flags |= HALF_BLOCKS
     if not flags & SCALES_F32:
@@ -218,6 +229,16 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
         else:
             flags |= SCALES_F32
     return PanelWeight(w.bits, flags, n, qs, per_block(scale, halves), per_block(minv, halves))
+
+
+def signed8(w: BlockWeight) -> BlockWeight | None:
+    """`w` as signed 8-bit q with no min (Q8_0's format), value for value: a signed one itself, a 5-bit one
+    whose min is -16 scale (Q5_0: d (q - 16)) as q - 16; None for others."""
+    if w.bits == 8 and w.qs.dtype == torch.int8:
+        return w
+    if w.bits != 5 or w.halves != 1 or not torch.equal(w.minv, -16.0 * w.scale):
+        return None
+    return BlockWeight(8, (w.q() - 16).to(torch.int8), w.scale, None)
 
 
 def widened(w: BlockWeight) -> BlockWeight | None:
@@ -233,9 +254,11 @@ def widened(w: BlockWeight) -> BlockWeight | None:
 
 def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
     """Stack weights along rows (fused q/k/v or gate/up), in the widest format among them when they
-    differ (Q4_K_M's Q4_K q/k beside a Q6_K v); None where no format holds them all."""
+    differ (Q4_K_M's Q4_K q/k beside a Q6_K v; signed 8-bit where one is: Gemma's Q5_0 q/k beside a Q8_0
+    v); None where no format holds them all."""
     if len({p.layout for p in parts}) != 1 or len({p.minv is None for p in parts}) != 1:
-        wide = [widened(p) for p in parts]
+        signed = [signed8(p) for p in parts]
+        wide = signed if all(s is not None for s in signed) else [widened(p) for p in parts]
         if any(w is None for w in wide) or len({w.shape[1] for w in wide}) != 1:
             return None
         parts = wide

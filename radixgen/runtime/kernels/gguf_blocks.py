@@ -8,7 +8,7 @@ follow ggml's block definitions, which gguf-py's dequantizers spell out):
     type   bytes/256 weights   q                     scale, min (per block or half block)
     Q4_0   144                 nibble 0..15          d, -8 d
     Q4_1   160                 nibble 0..15          d, m
-    Q5_0   176                 5 bits - 16 (int8)    d, none
+    Q5_0   176                 5 bits 0..31          d, -16 d
     Q5_1   192                 5 bits 0..31          d, m
     Q8_0   272                 int8                  d, none
     Q2_K   84                  2 bits 0..3           d sc, -dmin m      (per 16)
@@ -19,9 +19,10 @@ follow ggml's block definitions, which gguf-py's dequantizers spell out):
 
 Every product and sum above is exact in float32 or rounds once exactly as gguf's own expression does
 (d is fp16, sc at most 8 bits, q at most 6: at most 24 significant bits). The kernel reads Q4_0, Q4_1,
-Q8_0, Q4_K and Q6_K in about the file's bytes (the K-quants' factors kept as `KFactors`, their 6-bit
-scales widened to a byte); the others cost it more (their 2-, 3- or 5-bit integers take a byte each,
-their scales float32): see KERNEL_BYTES and docs/architecture.md.
+Q5_0, Q5_1, Q8_0, Q4_K and Q6_K in about the file's bytes (the K-quants' factors kept as `KFactors`,
+their 6-bit scales widened to a byte; the 5-bit ones as a 4-bit and a 1-bit plane); the others cost it
+more (Q5_K's scales float32, Q2_K's and Q3_K's integers a byte each): see KERNEL_BYTES and
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34,
 BLOCK_WEIGHTS = {name: QK_K if name.endswith("_K") else BLOCK for name in BLOCK_BYTES}
 DENSE_TYPES = {"F32", "F16", "BF16"}
 # bytes per 32 weights each type takes in the kernel's panels (q, then fp16 or float32 scales and mins)
-KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q5_0": 34, "Q8_0": 34, "Q5_1": 40, "Q5_K": 40, "Q4_K": 18.5,
+KERNEL_BYTES = {"Q4_0": 20, "Q4_1": 20, "Q5_0": 24, "Q8_0": 34, "Q5_1": 24, "Q5_K": 28, "Q4_K": 18.5,
                 "Q2_K": 48, "Q3_K": 48, "Q6_K": 26.25}
 
 
@@ -101,13 +102,22 @@ def _legacy(b: np.ndarray, qtype: str, n: int) -> BlockWeight:
     return BlockWeight(4, qs, _f32(d, n), _f32(-8.0 * d, n))  # Q4_0: d (q - 8) = d q - 8 d, both exact
 
 
+def _pack5(q: torch.Tensor) -> torch.Tensor:
+    """5-bit q [n, nb, 32] (uint8 0..31) -> the 5-bit BlockWeight's bytes [n, nb * 20]: per block 16 bytes
+    q_j & 15 | (q_{j+16} & 15) << 4, then 4 bytes whose byte t, bit g is q_{4g+t}'s high bit."""
+    n = q.shape[0]
+    low = (q[..., :16] & 15) | ((q[..., 16:] & 15) << 4)  # [n, nb, 16]
+    hi = (q >> 4).view(n, -1, 8, 4)  # [n, nb, g, t]
+    high = (hi << torch.arange(8, dtype=torch.uint8).view(8, 1)).sum(2, dtype=torch.uint8)  # [n, nb, t]
+    return torch.cat([low, high], dim=-1).reshape(n, -1)
+
+
 def _q5(b: np.ndarray, qtype: str, n: int) -> BlockWeight:
     d = _f16(b[..., 0:2])
     at = 4 if qtype == "Q5_1" else 2
     q = _nibbles32(b[..., at + 4:]) | (_high_bits(b[..., at:at + 4], 32) << 4)  # [n, nb, 32] in 0..31
-    if qtype == "Q5_0":  # d * (q - 16): signed 8-bit, no min
-        return BlockWeight(8, torch.from_numpy((q.astype(np.int8) - 16).reshape(n, -1)), _f32(d, n), None)
-    return BlockWeight(8, torch.from_numpy(q.reshape(n, -1)), _f32(d, n), _f32(_f16(b[..., 2:4]), n))
+    mins = -16.0 * d if qtype == "Q5_0" else _f16(b[..., 2:4])  # Q5_0: d (q - 16) = d q - 16 d, both exact
+    return BlockWeight(5, _pack5(torch.from_numpy(q)), _f32(d, n), _f32(mins, n))
 
 
 def _q2_k(b: np.ndarray, n: int) -> BlockWeight:
@@ -153,7 +163,7 @@ def _q5_k(b: np.ndarray, n: int) -> BlockWeight:
     ql = (qs.reshape(n, -1, 4, 1, 32) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 1, 2, 1)) & 15
     hi = (qh.reshape(n, -1, 1, 32) >> torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)) & 1
     q = ql.reshape(n, -1, 8, 32) | (hi << 4)
-    return BlockWeight(8, q.reshape(n, -1), (d * sc).reshape(n, -1), (-(dmin * m)).reshape(n, -1))
+    return BlockWeight(5, _pack5(q.reshape(n, -1, 32)), (d * sc).reshape(n, -1), (-(dmin * m)).reshape(n, -1))
 
 
 def _q6_k(b: np.ndarray, n: int) -> BlockWeight:

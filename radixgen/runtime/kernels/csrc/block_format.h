@@ -10,6 +10,8 @@
  *   U8F2  uint8 q,  float32 scale + min per half block (16 weights)   Q3_K, Q2_K (and mixes)
  *   K4    4-bit q,  uint8 sc, m per block, fp16 d, dmin per 8 blocks   Q4_K in its own bytes
  *   K6    6-bit q (4-bit plane + 2-bit plane), int8 sc per half block, fp16 d per 8 blocks   Q6_K
+ *   U5H   5-bit q (4-bit plane + 1-bit plane), fp16 scale + min   Q5_0 (min -16 d), Q5_1
+ *   U5F   5-bit q, float32 scale + min                            Q5_K (d * sc, -dmin * m)
  * K4 and K6 hold a K-quant's bytes as the file does (its 6-bit scales widened to a byte): the
  * kernel computes each block's d * sc as gguf does.
  */
@@ -24,7 +26,7 @@
 #define RG_HALF_BLOCKS 4 /* a scale and a min per 16 weights (else per 32) */
 #define RG_SUPER_BLOCKS 8 /* K-quant scales: small integers per block times fp16 factors per 8 blocks (`sup`) */
 
-enum { FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6, FMT_BAD };
+enum { FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6, FMT_U5H, FMT_U5F, FMT_BAD };
 
 /* The format of w, or FMT_BAD for a combination no kernel reads. */
 static inline int rg_block_format(const rg_block_weight *w) {
@@ -36,17 +38,20 @@ static inline int rg_block_format(const rg_block_weight *w) {
     if (w->bits == 8 && f == (RG_SCALES_F32 | RG_UNSIGNED8 | RG_HALF_BLOCKS)) return FMT_U8F2;
     if (w->bits == 4 && f == RG_SUPER_BLOCKS && w->sup != NULL) return FMT_K4;
     if (w->bits == 6 && f == (RG_SUPER_BLOCKS | RG_HALF_BLOCKS) && w->sup != NULL) return FMT_K6;
+    if (w->bits == 5 && f == 0) return FMT_U5H;
+    if (w->bits == 5 && f == RG_SCALES_F32) return FMT_U5F;
     return FMT_BAD;
 }
 
 #define FMT_HALVES(f) ((f) == FMT_U8F2 || (f) == FMT_K6 ? 2 : 1) /* scales a block */
 #define FMT_HAS_MIN(f) ((f) != FMT_I8H)
-#define FMT_F32(f) ((f) == FMT_U4F || (f) == FMT_U8F || (f) == FMT_U8F2)
+#define FMT_F32(f) ((f) == FMT_U4F || (f) == FMT_U8F || (f) == FMT_U8F2 || (f) == FMT_U5F)
 #define FMT_SUPER(f) ((f) == FMT_K4 || (f) == FMT_K6)
 #define FMT_Q4(f) ((f) == FMT_U4H || (f) == FMT_U4F || (f) == FMT_K4) /* q 0..15 */
-#define FMT_NIBBLES(f) ((f) == FMT_U4H || (f) == FMT_U4F || (f) == FMT_K4 || (f) == FMT_K6) /* a low-nibble plane */
+#define FMT_Q5(f) ((f) == FMT_U5H || (f) == FMT_U5F) /* q 0..31: a nibble plane and a 1-bit plane */
+#define FMT_NIBBLES(f) ((f) == FMT_U4H || (f) == FMT_U4F || (f) == FMT_K4 || (f) == FMT_K6 || FMT_Q5(f)) /* a low-nibble plane */
 /* bytes of a panel's block of 16 rows: q; scales; mins (K6: none stored, -32 scale); per 8 blocks: `sup` */
-#define FMT_BLOCK_BYTES(f) ((f) == FMT_K6 ? 384 : FMT_NIBBLES(f) ? 256 : 512)
+#define FMT_BLOCK_BYTES(f) ((f) == FMT_K6 ? 384 : FMT_Q5(f) ? 320 : FMT_NIBBLES(f) ? 256 : 512)
 #define FMT_SCALE_BYTES(f) (FMT_SUPER(f) ? 16 * FMT_HALVES(f) : 16 * FMT_HALVES(f) * (FMT_F32(f) ? 4 : 2))
 #define FMT_MIN_BYTES(f) ((f) == FMT_I8H || (f) == FMT_K6 ? 0 : FMT_SCALE_BYTES(f))
 #define FMT_SUP_BYTES(f) ((f) == FMT_K4 ? 64 : (f) == FMT_K6 ? 32 : 0)
@@ -93,6 +98,7 @@ static inline int32_t rg_block_q(int fmt, const uint8_t *qb, int64_t c, int k) {
     if (FMT_NIBBLES(fmt)) {
         const uint8_t v = qb[64 * (g & 3) + 4 * c + t];
         const int32_t lo = g < 4 ? (v & 15) : (v >> 4);
+        if (FMT_Q5(fmt)) return lo | (((qb[256 + 4 * c + t] >> g) & 1) << 4); /* the high bit: byte 4c + t, bit g */
         if (fmt != FMT_K6) return lo;
         /* the high 2 bits: plane byte (256 + 64 (g & 1) + 4c + t), bits 2 (g / 2) */
         return lo | (((qb[256 + 64 * (g & 1) + 4 * c + t] >> (2 * (g / 2))) & 3) << 4);

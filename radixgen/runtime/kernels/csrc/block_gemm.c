@@ -283,7 +283,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
-#define PANEL_FORMATS 7 /* formats the vector path reads: all (FMT_BAD) */
+#define PANEL_FORMATS 9 /* formats the vector path reads: all (FMT_BAD) */
 #elif defined(RG_AVX2)
 /* acc += the dword dot products of 4 unsigned weight bytes with 4 signed activation bytes. */
 static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
@@ -387,6 +387,11 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 if (FMT_NIBBLES(fmt)) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *)(qb + 64 * (g & 3) + 32 * h));
                     w[g] = _mm256_and_si256(g < 4 ? x : _mm256_srli_epi16(x, 4), _mm256_set1_epi8(15));
+                    if (FMT_Q5(fmt)) {
+                        const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 32 * h));
+                        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hi, g), _mm256_set1_epi8(1));
+                        w[g] = _mm256_or_si256(w[g], _mm256_slli_epi16(h1, 4));
+                    }
                     if (fmt == FMT_K6) {
                         const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 64 * (g & 1) + 32 * h));
                         const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * (g / 2)), _mm256_set1_epi8(3));
@@ -421,7 +426,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         }
     }
 }
-#define PANEL_FORMATS 7
+#define PANEL_FORMATS 9
 #elif defined(RG_NEON)
 /* Group g's weights of block qb (k = 4g .. 4g + 3 of the 16 rows) as signed bytes, rows 4h .. 4h + 3 in
  * w[h]: each int32 lane of sdot's products is then one output row. 4-bit q (0..15) fit int8 as they
@@ -519,7 +524,9 @@ static void panel_any(int fmt, int mr, const rg_panel v, int64_t nb, const xbloc
     case FMT_U8F: panel(FMT_U8F, R, v, nb, xq, y, ldy, nvalid); return;          \
     case FMT_U8F2: panel(FMT_U8F2, R, v, nb, xq, y, ldy, nvalid); return;        \
     case FMT_K4: panel(FMT_K4, R, v, nb, xq, y, ldy, nvalid); return;            \
-    case FMT_K6: panel(FMT_K6, R, v, nb, xq, y, ldy, nvalid); return;
+    case FMT_K6: panel(FMT_K6, R, v, nb, xq, y, ldy, nvalid); return;            \
+    case FMT_U5H: panel(FMT_U5H, R, v, nb, xq, y, ldy, nvalid); return;          \
+    case FMT_U5F: panel(FMT_U5F, R, v, nb, xq, y, ldy, nvalid); return;
 #else
 #define PANEL_CASES_MORE(R)
 #endif

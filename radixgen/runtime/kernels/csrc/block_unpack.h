@@ -50,6 +50,13 @@ static inline __attribute__((always_inline)) void weights16(const int fmt, const
             w[g] = _mm512_and_si512(x, _mm512_set1_epi8(15));
             w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15));
         }
+        if (FMT_Q5(fmt)) {  /* the high bit: plane vector bit g */
+            const __m512i hi = _mm512_loadu_si512(qb + 256);
+            for (int g = 0; g < 8; g++) {
+                const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(hi, g), _mm512_set1_epi8(1));
+                w[g] = _mm512_or_si512(w[g], _mm512_slli_epi16(h1, 4));
+            }
+        }
         if (fmt == FMT_K6)  /* the high 2 bits: plane vector g & 1, bits 2 (g / 2) */
             for (int g = 0; g < 8; g++) {
                 const __m512i hi = _mm512_loadu_si512(qb + 256 + 64 * (g & 1));
