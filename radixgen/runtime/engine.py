@@ -28,6 +28,7 @@ from radixgen.runtime.observability.observer import Observer
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
 from radixgen.runtime.scheduler.scheduler import Scheduler
+from radixgen.runtime.server.memory import release_free_memory
 from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams
@@ -65,6 +66,9 @@ class Engine:
         self.config = replace(self.config, max_total_tokens=self.runner.memory.kv_tokens)  # as the pool was sized
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
+        # loading freed far more than it keeps (a 262k-token tokenizer.json parsed: ~150 MB of Gemma 3's
+        # RSS); glibc would hold those pages for reuse
+        release_free_memory()
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         kv = KVManager(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.config.page_size,
                        self.config.disable_radix_cache)
