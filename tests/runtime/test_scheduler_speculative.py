@@ -193,6 +193,42 @@ def test_drafting_follows_the_measured_cost_of_a_row():
     assert drafts["cache"] < drafts["bandwidth"] / 2, drafts
 
 
+class MixedStepWorker(TimedWorker):
+    """A TimedWorker that counts the drafts verified in steps that also compute a prompt chunk."""
+
+    def __init__(self, fixed: float, per_row: float) -> None:
+        super().__init__(fixed, per_row)
+        self.mixed_steps = self.mixed_drafts = 0
+
+    def submit(self, batch):
+        if batch.prefill_tokens:
+            self.mixed_steps += 1
+            self.mixed_drafts += sum(len(d) for d in batch.drafts)
+        return super().submit(batch)
+
+
+def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_cheap():
+    """Drafts in a step that also prefills are weighed as in a pure-decode step of the same sampling
+    rows: where a row costs the whole step (no fixed part, as at batch 8 on a model in cache), copy-heavy
+    requests decoding beside other requests' prompt chunks do not draft there either (a 2048-token chunk
+    with drafts once fell into the batch-size bucket of its rows, never timed, whose prior of 16 fixed
+    row-costs made every draft look cheap)."""
+    tok = shared_tokenizer()
+    worker = MixedStepWorker(0.0, 0.001)
+    s = make_scheduler(2000, 8, 24, worker=worker, speculative_algorithm="ngram")
+    for _ in range(60):  # the cost model has timed pure-decode steps of every batch size: rows only
+        for rows in (1, 2, 4, 8, 16):
+            for extra in (0, 3):
+                s.speculator.costs.observe(rows, rows + extra, 0, 0.001 * (rows + extra))
+    reqs = [make_req(tok, f"r{i}", PREFIXES[i % 3] + [3000 + i * 3 + j for j in range(20 + 3 * (i % 6))], 30,
+                     seed=2 * i + 1)[0] for i in range(12)]  # odd seeds: outputs copy the prompt
+    for req in reqs:
+        s.add_request(req)
+    run_until_idle(s)
+    assert [r.output_ids for r in reqs] == [expected_output(r, copy_token) for r in reqs]
+    assert worker.mixed_steps > 5 and worker.mixed_drafts == 0, (worker.mixed_steps, worker.mixed_drafts)
+
+
 def test_a_prompt_held_for_its_drafts_still_defers_one_sharing_its_prefix():
     """A request that drafts at the end of its prefill and holds for the verification is still a prompt
     in progress: a request sharing its prefix waits for it and takes that prefix from the tree instead of

@@ -169,14 +169,17 @@ class Speculator:
             return out
         conts: list[list[int]] = [[] for _ in reqs]
         probs = [0.0] * len(reqs)
-        fixed, per_row, per_grammar = self.costs.model(rows)
+        sampling = [_samples(req, n) for req, n in zip(reqs, lens, strict=True)]
+        samplers = sum(sampling)
+        # drafts are weighed against a pure-decode step of the sampling rows, whatever else the step
+        # computes: a prompt chunk (or jump-forward text) in it is work owed anyway, not a cost that
+        # makes the step's own rate low and any draft look cheap beside it
+        fixed, per_row, per_grammar = self.costs.model(samplers)
         row_cost = [per_row] * len(reqs)  # seconds (or row-costs) one draft row of the request adds
         candidates: list[tuple[float, int, int]] = []  # (accepted tokens per cost, row, depth)
-        samplers = 0
-        for i, (req, n) in enumerate(zip(reqs, lens, strict=True)):
-            if not _samples(req, n):
+        for i, req in enumerate(reqs):
+            if not sampling[i]:
                 continue
-            samplers += 1
             self.attach(req)
             limit = self._limit(req)
             if req.spec is None or limit <= 0 or req.flight.pending > 1:
@@ -189,7 +192,7 @@ class Speculator:
             if req.grammar is not None:
                 row_cost[i] += per_grammar
             candidates += [(p ** (depth + 1) / row_cost[i], i, depth) for depth in range(len(conts[i]))]
-        tokens, cost = float(samplers), fixed + per_row * rows
+        tokens, cost = float(samplers), fixed + per_row * samplers
         taken = [0] * len(reqs)
         for value, i, depth in sorted(candidates, key=lambda c: (-c[0], c[2])):
             if room <= 0 or value * cost <= tokens:
