@@ -62,6 +62,30 @@ def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):
         assert [o["output_ids"] for o in again] == expected
 
 
+def test_rotary_tables_end_at_the_kv_pool_and_its_last_slot_decodes_right(tiny_gemma):
+    """The rotary tables (global and local) cover the positions the KV pool can hold, not the model's
+    maximum; a request that fills the pool to its last slot still decodes HF's greedy ids there."""
+    import transformers
+
+    tok = load_tokenizer(tiny_gemma)
+    prompt = LONG + " And so on and so forth"
+    ids = tok.encode(prompt)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_gemma), dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = ref.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist()
+    pool = len(ids) + 24  # the 24th new token is sampled from the row at position pool - 1
+    eng = Engine(model=str(tiny_gemma), max_total_tokens=pool, num_threads=1)
+    try:
+        model = eng.runner.model
+        assert ref.config.max_position_embeddings > pool + 1
+        for rotary in (model.rotary, model.local_rotary):
+            assert rotary.cos.shape[0] == rotary.sin.shape[0] == pool + 1
+        out = eng.generate(prompt, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+        assert out["output_ids"] == expected
+    finally:
+        eng.shutdown()
+
+
 # Gemma 3 270M Q4_K_M's mix: the embedding Q8_0, q/k/gate/up Q5_0, v Q8_0, o Q4_K, down Q6_K
 Q4_K_M_MIX = {"token_embd": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_down": "Q6_K"}
 

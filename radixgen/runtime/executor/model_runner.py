@@ -76,11 +76,15 @@ class ModelRunner:
             kv_bytes_per_token(model_config.num_layers, model.plan.kv_heads, model_config.head_dim, self.kv_dtype),
             config.mem_fraction_static, config.max_total_tokens, config.max_running_requests * self.context_length,
             path.name)
+        # no position reaches past the KV pool (a longer sequence is aborted), so tables for more are dead weight
+        model.size_positions(min(self.context_length, self.memory.kv_tokens + 1))
         model.load_weights(checkpoint, blocks=blocks)
         del checkpoint
         logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        self.model.rotary.float()  # keep cos/sin tables in fp32
+        for rotary in (self.model.rotary, self.model.local_rotary):  # keep cos/sin tables in fp32
+            if rotary is not None:
+                rotary.float()
         has_blocks = self.model.block_weight_count > 0
         wide = wide_matmul_dtype(config.wide_matmul_dtype) if has_blocks else torch.float32
         mc = model_config

@@ -1,4 +1,8 @@
-"""Rotary position embeddings (HF's rotate-half layout), tables for every position up to max_len."""
+"""Rotary position embeddings (HF's rotate-half layout), tables for every position up to max_len.
+
+The tables are sized to the positions a served sequence can reach (the context length, or fewer where
+the KV pool holds fewer tokens), not to the model's maximum: Gemma 3's two 32k-position tables of
+128 frequencies are 67 MB, a quarter of its 270M model's weights."""
 
 from __future__ import annotations
 
@@ -11,7 +15,13 @@ class Rotary(nn.Module):
 
     def __init__(self, inv_freq: torch.Tensor, max_len: int) -> None:
         super().__init__()
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # [P, D/2]
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # [D/2]
+        self.resize(max_len)
+
+    def resize(self, max_len: int) -> None:
+        """Rebuild the tables for positions 0..max_len-1 (float32, on inv_freq's device)."""
+        positions = torch.arange(max_len, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(positions, self.inv_freq)  # [P, D/2]
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 

@@ -275,6 +275,12 @@ class LlamaModel(nn.Module):
         limit = None if self.long_extend_min is not None else block_rows_limit()
         self.decode_in_c = DecodeLayers(weights, dims, limit or sys.maxsize)
 
+    def size_positions(self, max_len: int) -> None:
+        """Keep rotary tables for positions 0..max_len-1 only: the most a served sequence reaches."""
+        for rotary in (self.rotary, self.local_rotary):
+            if rotary is not None:
+                rotary.resize(max_len)
+
     @property
     def one_call_rows(self) -> int | None:
         """Most rows of a pure-decode step that run all layers in one C call (None: no such path)."""
