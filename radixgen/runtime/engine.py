@@ -62,12 +62,12 @@ class Engine:
         check_device(self.config.device)
         t0 = time.perf_counter()
         self.tokenizer = load_tokenizer(model)
+        release_free_memory()  # what parsing the tokenizer freed, before the weights' pages add to the peak
         self.runner = on_short_lived_thread(lambda: make_model_runner(self.config))
         self.config = replace(self.config, max_total_tokens=self.runner.memory.kv_tokens)  # as the pool was sized
         self.model_config = self.runner.model_config
         self.context_length = self.runner.context_length
-        # loading freed far more than it keeps (a 262k-token tokenizer.json parsed: ~150 MB of Gemma 3's
-        # RSS); glibc would hold those pages for reuse
+        # loading the weights frees what it staged (on its own thread's heap); glibc would hold those pages
         release_free_memory()
         eos = set(self.tokenizer.eos_token_ids) | set(self.model_config.eos_token_ids)
         kv = KVManager(self.runner.req_to_token_pool, self.runner.token_to_kv_pool, self.config.page_size,

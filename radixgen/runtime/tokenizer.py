@@ -25,6 +25,13 @@ class Tokenizer:
 
     def __init__(self, hf: Any) -> None:
         self.hf = hf
+        # transformers' model-specific classes keep the Python vocabulary and merges they built their
+        # backend from (Gemma 3: 262k entries and 515k merges, ~0.2 GB); the backend holds both and
+        # nothing reads these after construction but `save_vocabulary` of a few slow-format classes
+        for name in ("_vocab", "_merges"):
+            held = getattr(hf, name, None)
+            if isinstance(held, dict | list) and getattr(hf, "_tokenizer", None) is not None:
+                setattr(hf, name, type(held)())
         self.vocab_size = len(hf)
         eos = set()
         if hf.eos_token_id is not None:
@@ -83,11 +90,14 @@ def load_tokenizer(model: str | os.PathLike | None = None) -> Tokenizer:
 
 def _gguf_tokenizer(path: os.PathLike) -> Any:
     """The HF tokenizer converted from GGUF file `path` (cached after the first conversion)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     cached = cache_dir_for(path) / "tokenizer"
     if (cached / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(cached))
+        # the saved tokenizer.json is the whole tokenizer: the generic fast class reads it as the model's
+        # own class would, without first building a Python vocabulary and merge list from it (Gemma 3:
+        # 0.47 GB held after loading, and 0.1 GB of the load's peak)
+        return PreTrainedTokenizerFast.from_pretrained(str(cached))
     logger.info("converting the tokenizer of %s (first load of this file, ~10 s; cached in %s)", path.name, cached)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")

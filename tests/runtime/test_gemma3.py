@@ -154,3 +154,31 @@ def test_gemma3_270m_turns_end_at_end_of_turn(gemma3_engine):
     assert end in tok.eos_token_ids and 1 in tok.eos_token_ids
     prompt = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert prompt == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+TOKENIZER_TEXTS = ["The capital of France is", " leading space and  two", "<start_of_turn>user\nhi<end_of_turn>\n",
+                   "日本語のテキスト 🎉 naïve café", "a\n\n  b\tc\r\n", '{"k": [1, 2.5e-3, null]}', STORY]
+
+
+@pytest.mark.parametrize("which", ["gemma3", "smollm2"])
+def test_gguf_tokenizer_from_its_cache_equals_hf_gguf_loader(which, gemma3_path, smollm2_path):
+    """The tokenizer we load from a GGUF file (from its cached tokenizer.json, through the generic fast
+    class) encodes, decodes and names its special tokens as HF's own GGUF loader does on the same file,
+    and holds no Python copy of the vocabulary or merges (0.2 GB for Gemma 3's 262k tokens)."""
+    import transformers
+
+    path = gemma3_path if which == "gemma3" else smollm2_path
+    load_tokenizer(path)  # the first load converts and caches; the second reads the cache
+    ours = load_tokenizer(path)
+    ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    for text in TOKENIZER_TEXTS:
+        for special in (True, False):
+            ids = ours.encode(text, add_special_tokens=special)
+            assert ids == ref.encode(text, add_special_tokens=special), (text, special)
+            for skip in (True, False):
+                assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    assert ours.vocab_size == len(ref)
+    assert ref.eos_token_id in ours.eos_token_ids
+    for name in ("bos_token_id", "pad_token_id", "unk_token_id"):
+        assert getattr(ours.hf, name) == getattr(ref, name), name
+    assert not getattr(ours.hf, "_vocab", None) and not getattr(ours.hf, "_merges", None)
