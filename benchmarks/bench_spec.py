@@ -24,7 +24,7 @@ prefills the same prompts, which dilutes it), `*_decode_speedup` the decode alon
 first token to its last, from meta_info).
 A llama.cpp column (plain and `LlamaPromptLookupDecoding`, batch 1, same GGUF and extraction prompts,
 in a subprocess after ours) is added when llama-cpp-python is installed; without it it is skipped.
-Usage: python benchmarks/bench_spec.py [--rounds 3] [--requests 3] [--batch 8] [--num-threads N]
+Usage: python benchmarks/bench_spec.py [--rounds 5] [--requests 3] [--batch 8] [--num-threads N]
        [--model /tmp/synth-1b-q4_0.gguf] [--only copy,order_json]
 """
 
@@ -247,7 +247,8 @@ def workloads(synthetic: bool, encode: Callable[[str], list[int]]) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating off/on rounds; ratios are their median")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating off/on rounds; ratios are their median "
+                    "(a batch-8 cell varies by +-10% from run to run on a shared 2-core VM)")
     ap.add_argument("--requests", type=int, default=3, help="requests per workload at batch 1 (batch runs use --batch)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
