@@ -248,7 +248,7 @@ def workloads(synthetic: bool, encode: Callable[[str], list[int]]) -> dict[str, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="alternating off/on rounds; ratios are their median "
-                    "(a batch-8 cell varies by +-10% from run to run on a shared 2-core VM)")
+                    "(a batch-8 cell varies by about a tenth between identical runs on a 2-core VM)")
     ap.add_argument("--requests", type=int, default=3, help="requests per workload at batch 1 (batch runs use --batch)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
