@@ -82,9 +82,8 @@ class ModelRunner:
         del checkpoint
         logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
-        for rotary in (self.model.rotary, self.model.local_rotary):  # keep cos/sin tables in fp32
-            if rotary is not None:
-                rotary.float()
+        for rotary in self.model.rotaries:  # keep cos/sin tables in fp32
+            rotary.float()
         has_blocks = self.model.block_weight_count > 0
         wide = wide_matmul_dtype(config.wide_matmul_dtype) if has_blocks else torch.float32
         mc = model_config

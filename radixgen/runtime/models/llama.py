@@ -275,11 +275,15 @@ class LlamaModel(nn.Module):
         limit = None if self.long_extend_min is not None else block_rows_limit()
         self.decode_in_c = DecodeLayers(weights, dims, limit or sys.maxsize)
 
+    @property
+    def rotaries(self) -> list[Rotary]:
+        """The model's rotary tables: the global one, and the sliding-window layers' where they have their own."""
+        return [r for r in (self.rotary, self.local_rotary) if r is not None]
+
     def size_positions(self, max_len: int) -> None:
         """Keep rotary tables for positions 0..max_len-1 only: the most a served sequence reaches."""
-        for rotary in (self.rotary, self.local_rotary):
-            if rotary is not None:
-                rotary.resize(max_len)
+        for rotary in self.rotaries:
+            rotary.resize(max_len)
 
     @property
     def one_call_rows(self) -> int | None:
