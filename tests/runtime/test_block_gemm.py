@@ -101,6 +101,38 @@ def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
         torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
 
 
+def limb_error_bound(x: torch.Tensor, dense: torch.Tensor, limbs: int) -> torch.Tensor:
+    """[m, n]: the most that x's rounding to `limbs` int8 limbs per 32-value block can move x @ dense^T:
+    each value is off by at most half its block's last limb step, amax / 127 / 254^(limbs - 1) / 2."""
+    m, k = x.shape
+    step = x.double().view(m, k // 32, 32).abs().amax(-1) / 127 / 254 ** (limbs - 1)  # [m, k/32]
+    w_abs = dense.double().abs().view(dense.shape[0], k // 32, 32).sum(-1)  # [n, k/32]
+    return 0.5 * step @ w_abs.t()
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("limbs", [1, 2])
+def test_fewer_limbs_stay_within_their_rounding(qtype, limbs):
+    """Long prompt chunks' rows (`wide_matmul_dtype` int16 / int8) in two limbs or one: each output is
+    within what rounding the activations to that many limbs can move it (float64 GEMM on gguf's
+    dequantization, plus float32 sums), and each row is the same alone as among others (the padding
+    rows of a last partial tile change nothing)."""
+    n, k = 37, width(qtype)
+    raw = random_gguf(qtype, n, k, seed=11)
+    dense = gguf_dense(raw, qtype, n, k)
+    x = torch.randn(21, k, generator=torch.Generator().manual_seed(limbs)) * torch.logspace(-2, 1, k)  # uneven blocks
+    w = pack_panels(from_gguf(raw, qtype))
+    ref = x.double() @ dense.double().t()
+    y = block_linear(x, w, limbs=limbs).double()
+    bound = limb_error_bound(x, dense, limbs) + 1e-5 * (1 + ref.abs().max().item())
+    assert ((y - ref).abs() <= bound).all()
+    assert (y - ref).abs().max() > 1e-5 * ref.abs().max()  # fewer limbs than float32's: not the exact sums
+    for m in (1, 5, 8, 13):
+        assert torch.equal(block_linear(x[:m], w, limbs=limbs), y[:m].float())
+    with pytest.raises(ValueError, match="limbs"):
+        block_linear(x, w, limbs=4)
+
+
 def test_mixed_formats_stack_in_the_widest():
     """Q4_K_M's fused q/k/v: Q4_K q and k beside a Q6_K v stack as one matrix of 8-bit q with a scale
     per half block, value for value; signed Q8_0 beside an unsigned type has no common format."""

@@ -82,6 +82,17 @@ def test_block_gemm(libs, qtype, m):
     close(block_linear(x, w, libs[0]), block_linear(x, w, libs[1]))
 
 
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("limbs", [1, 2])
+def test_block_gemm_fewer_limbs(libs, qtype, limbs):
+    """Two activation limbs or one (long prompt chunks, `wide_matmul_dtype` int16 / int8): whole 8-row
+    tiles and a partial one, in every build."""
+    n, k = 37, width(qtype)
+    w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=limbs), qtype))
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(limbs))
+    close(block_linear(x, w, libs[0], limbs=limbs), block_linear(x, w, libs[1], limbs=limbs))
+
+
 def _table(batch: int, lens: list[int], n_slots: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     free = torch.randperm(n_slots - 1, generator=g) + 1
     table = torch.zeros(batch + 1, max(lens) + 3, dtype=torch.int64)

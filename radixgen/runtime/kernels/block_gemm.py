@@ -11,7 +11,8 @@ through the 210 layer matrices took 15.5 ms that way and takes 9.3 ms now, the Q
 ms, where the weights' streaming from memory is the bound. `use_blocks` routes up to `block_rows_limit()`
 rows here (BLOCK_MAX_ROWS, or WIDE_ROWS where a start-up probe finds the kernel computing about as fast
 as float32 FMAs; any number on AMX). Each output sums its products in one order whatever the row
-count, so within that range a request's logits do not depend on its batch-mates.
+count, so within that range a request's logits do not depend on its batch-mates. Rows that accept less
+precision (long prompt chunks, `wide_matmul_dtype` int16 / int8) may take two limbs or one (`limbs`).
 
 The C file is built on first use (`ffi.library()` is None if that fails, and the model then runs
 dense GEMMs only).
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
+LIMBS = 3  # int8 limbs per activation that give float32's precision (csrc/block_gemm.c)
 SCALES_F32, UNSIGNED8, HALF_BLOCKS, SUPER_BLOCKS = 1, 2, 4, 8  # rg_block_weight's flags (csrc/block_format.h)
 
 
@@ -371,12 +373,15 @@ def use_blocks(x: torch.Tensor) -> bool:
 
 
 def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, limbs: int = LIMBS) -> torch.Tensor:
     """x [M, k] float32 (CPU) @ W^T -> [M, n] float32, into `out` when given (contiguous). `lib`: the
-    kernel library to run (default the native one; tests pass the scalar reference)."""
+    kernel library to run (default the native one; tests pass the scalar reference). `limbs`: int8
+    limbs per activation (3: float32's precision; 2: 2^-16 of each 32-value block's largest; 1: 2^-8)."""
     n, k = w.shape
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32:
         raise ValueError(f"block_linear: x must be float32 [M, {k}], got {x.dtype} {list(x.shape)}")
+    if limbs not in (1, 2, LIMBS):
+        raise ValueError(f"block_linear: limbs must be 1, 2 or {LIMBS}, got {limbs}")
     lib = lib or library()
     if lib is None:
         raise RuntimeError("block_linear: the block kernel could not be built (see the log)")
@@ -384,7 +389,8 @@ def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None
     y = torch.empty((x.shape[0], n), dtype=torch.float32) if out is None else out
     if y.shape != (x.shape[0], n) or y.dtype != torch.float32 or not y.is_contiguous():
         raise ValueError(f"block_linear: out must be a contiguous float32 [{x.shape[0]}, {n}] tensor")
-    rc = lib.block_gemm(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), ffi.kernel_threads())
+    rc = lib.block_gemm_limbs(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(), limbs,
+                              ffi.kernel_threads())
     if rc != 0:
         raise RuntimeError(f"block_gemm failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")
     return y

@@ -12,7 +12,8 @@
  * by ~5e-3; three by ~1e-4, the same as float32 GEMMs). Each limb's dot product with q is exact in
  * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair; Arm64's sdot), and the three
  * combine in float. Per weight that is ~5x fewer vector instructions than widening each weight to
- * float32, so one decode row runs at the speed the weights stream in.
+ * float32, so one decode row runs at the speed the weights stream in. Long prompt chunks may take fewer
+ * limbs (block_gemm_limbs: 2 or 1), each about halving the integer work.
  *
  * Panel layout (p = n / 16, c = n % 16): a 64-byte vector holds 4 consecutive k of 16 rows, the
  * dword lanes vpdpbusd multiplies by 4 broadcast activation bytes:
@@ -38,6 +39,7 @@
 #define QK 32
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
+#define ROWS_1LIMB 4 /* rows whose one-limb sums the AVX-512 path interleaves (two with more limbs) */
 #define LIMBS 3
 #define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
 #define LIMB_BASE 254.0f
@@ -193,8 +195,8 @@ static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
 
 /* The scalar reference of `panel` (below) for every format: the same integer sums, combined in the same
  * order. SIMD builds run it for the formats their vector path does not read (none on x86). */
-static void panel_ref(const int fmt, const int mr, const rg_panel v, int64_t nb, const xblock *xq, float *y,
-                      int64_t ldy, int64_t nvalid) {
+static void panel_ref(const int fmt, const int mr, const int limbs, const rg_panel v, int64_t nb, const xblock *xq,
+                      float *y, int64_t ldy, int64_t nvalid) {
     const int halves = FMT_HALVES(fmt), span = QK / halves;
     for (int i = 0; i < mr; i++)
         for (int64_t c = 0; c < nvalid; c++) {
@@ -206,7 +208,7 @@ static void panel_ref(const int fmt, const int mr, const rg_panel v, int64_t nb,
                     int32_t a[LIMBS] = {0, 0, 0};
                     for (int k = h * span; k < (h + 1) * span; k++) {
                         const int32_t q = rg_block_q(fmt, qb, c, k);
-                        for (int l = 0; l < LIMBS; l++) a[l] += q * xb->q[l][k];
+                        for (int l = 0; l < limbs; l++) a[l] += q * xb->q[l][k];
                     }
                     float d, m;
                     rg_block_dm(fmt, &v, b, h, c, &d, &m);
@@ -224,17 +226,17 @@ static void panel_ref(const int fmt, const int mr, const rg_panel v, int64_t nb,
  * scales and mins, one per half block). The rows' limb sums are independent dependency chains,
  * interleaved so that vpdpbusd's latency is hidden; being integer sums, their order does not change any
  * result. */
-static inline __attribute__((always_inline)) void rows_block(const int R, const int fmt, const __m512i *w,
+static inline __attribute__((always_inline)) void rows_block(const int R, const int L, const int fmt, const __m512i *w,
                                                               const __m512 *d, const __m512 *m, const xblock *xb,
                                                               int64_t nb, __m512 *acc) {
     const int halves = FMT_HALVES(fmt);
-    __m512i a[2][2][LIMBS];  /* [row][half][limb] */
+    __m512i a[ROWS_1LIMB][2][LIMBS];  /* [row][half][limb] */
     for (int r = 0; r < R; r++)
         for (int h = 0; h < halves; h++)
-            for (int l = 0; l < LIMBS; l++) a[r][h][l] = _mm512_setzero_si512();
+            for (int l = 0; l < L; l++) a[r][h][l] = _mm512_setzero_si512();
     for (int g = 0; g < 8; g++)
         for (int r = 0; r < R; r++)
-            for (int l = 0; l < LIMBS; l++) {
+            for (int l = 0; l < L; l++) {
                 int32_t x4;
                 memcpy(&x4, xb[r * nb].q[l] + 4 * g, 4);
                 const int h = halves == 2 ? g / 4 : 0;
@@ -245,10 +247,11 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
         const xblock *x = xb + r * nb;
         for (int h = 0; h < halves; h++) {
             if (fmt == FMT_I8H)
-                for (int l = 0; l < LIMBS; l++)
+                for (int l = 0; l < L; l++)
                     a[r][h][l] = _mm512_sub_epi32(a[r][h][l], _mm512_set1_epi32(128 * x->qsum[l]));
-            __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, _mm512_cvtepi32_ps(a[r][h][0]));
-            v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
+            __m512 v = _mm512_cvtepi32_ps(a[r][h][0]);
+            if (L > 1) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, v);
+            if (L > 2) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
             acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d[h], _mm512_set1_ps(x->s)), acc[r]);
             if (FMT_HAS_MIN(fmt))
                 acc[r] = _mm512_fmadd_ps(m[h], _mm512_set1_ps(halves == 2 ? x->half_sum[h] : x->sum), acc[r]);
@@ -256,11 +259,13 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     }
 }
 
-/* One panel against mr rows of xq (row stride nb blocks); y gets columns [0, nvalid). */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+/* One panel against mr rows of xq (row stride nb blocks) in `limbs` limbs; y gets columns [0, nvalid) of its
+ * first `stored` rows. */
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const int limbs, const rg_panel v,
+                                                         int64_t nb, const xblock *xq, float *y, int64_t ldy,
+                                                         int64_t nvalid, int stored) {
     __m512 acc[MR];
-    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();  /* all MR: `stored` <= mr is not known here */
     const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
     for (int64_t b = 0; b < nb; b++) {
         /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
@@ -276,12 +281,13 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         scales16(fmt, &v, b, d, m);
         __m512i w[8];  /* w[g]: k = 4g .. 4g + 3 of the 16 rows, unsigned (signed int8 + 128 for I8H) */
         weights16(fmt, v.qs + b * block_bytes, w);
+        const int step = limbs == 1 ? ROWS_1LIMB : 2;  /* rows whose sums interleave (all in registers) */
         int i = 0;
-        for (; i + 2 <= mr; i += 2) rows_block(2, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
-        if (i < mr) rows_block(1, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
+        for (; i + step <= mr; i += step) rows_block(step, limbs, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
+        for (; i < mr; i++) rows_block(1, limbs, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
     }
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
-    for (int i = 0; i < mr; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
+    for (int i = 0; i < stored; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
 #define PANEL_FORMATS 9 /* formats the vector path reads: all (FMT_BAD) */
 #elif defined(RG_AVX2)
@@ -362,14 +368,15 @@ static inline __attribute__((always_inline)) void scales8(const int fmt, const r
 
 /* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other; a
  * block's weights are unpacked once for all mr rows. */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const int limbs, const rg_panel v,
+                                                         int64_t nb, const xblock *xq, float *y, int64_t ldy,
+                                                         int64_t nvalid, int stored) {
     const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
     const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
     const int64_t scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
     for (int h = 0; h < 2; h++) {
         __m256 acc[MR];
-        for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+        for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             if (h == 0) {  /* the first half's pass streams the panel in (as the AVX-512 path: 8 blocks ahead) */
                 const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
@@ -405,13 +412,14 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 const xblock *xb = xq + i * nb + b;
                 for (int s = 0; s < halves; s++) {
                     __m256i a[LIMBS];
-                    for (int l = 0; l < LIMBS; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
+                    for (int l = 0; l < limbs; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
 #ifdef RG_AVXVNNI
                     if (fmt == FMT_I8H)
-                        for (int l = 0; l < LIMBS; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
+                        for (int l = 0; l < limbs; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
 #endif
-                    __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, _mm256_cvtepi32_ps(a[0]));
-                    sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
+                    __m256 sum = _mm256_cvtepi32_ps(a[0]);
+                    if (limbs > 1) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, sum);
+                    if (limbs > 2) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
                     acc[i] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
                     if (FMT_HAS_MIN(fmt))
                         acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(halves == 2 ? xb->half_sum[s] : xb->sum), acc[i]);
@@ -419,7 +427,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
             }
         }
         const int64_t n0 = 8 * h, cnt = nvalid - n0 < 0 ? 0 : (nvalid - n0 > 8 ? 8 : nvalid - n0);
-        for (int i = 0; i < mr; i++) {
+        for (int i = 0; i < stored; i++) {
             float out[8];
             _mm256_storeu_ps(out, acc[i]);
             memcpy(y + i * ldy + n0, out, sizeof(float) * (size_t)cnt);
@@ -448,19 +456,20 @@ static inline __attribute__((always_inline)) void neon_weights(const int bits, c
     do {                                                                                         \
         int8x16_t w[4];                                                                          \
         neon_weights(bits, qb, G, w);                                                            \
-        for (int l = 0; l < LIMBS; l++)                                                          \
+        for (int l = 0; l < limbs; l++)                                                          \
             for (int h = 0; h < 4; h++) a[l][h] = vdotq_laneq_s32(a[l][h], w[h], x[l][(G) / 4], (G) % 4); \
     } while (0)
 
 /* `panel` on 4-float vectors for the fp16 formats (U4H, I8H) (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
- * three limbs' 12 int32 sums stay in registers over the block's 8 groups. */
-static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const rg_panel v, int64_t nb,
-                                                         const xblock *xq, float *y, int64_t ldy, int64_t nvalid) {
+ * limbs' int32 sums (up to 12; the unused limbs' stay zero) stay in registers over the block's 8 groups. */
+static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const int limbs, const rg_panel v,
+                                                         int64_t nb, const xblock *xq, float *y, int64_t ldy,
+                                                         int64_t nvalid, int stored) {
     const int bits = fmt == FMT_U4H ? 4 : 8;
     const uint8_t *qs = v.qs;
     const uint16_t *d16 = (const uint16_t *)v.d, *m16 = (const uint16_t *)v.m;
     float32x4_t acc[MR][4];
-    for (int i = 0; i < mr; i++)
+    for (int i = 0; i < MR; i++)
         for (int h = 0; h < 4; h++) acc[i][h] = vdupq_n_f32(0.0f);
     const int64_t block_bytes = bits == 4 ? 256 : 512;
     for (int64_t b = 0; b < nb; b++) {
@@ -490,7 +499,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
             }
         }
     }
-    for (int i = 0; i < mr; i++) {
+    for (int i = 0; i < stored; i++) {
         float out[NR];
         for (int h = 0; h < 4; h++) vst1q_f32(out + 4 * h, acc[i][h]);
         memcpy(y + i * ldy, out, sizeof(float) * (size_t)nvalid);
@@ -502,44 +511,53 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
 #define PANEL_FORMATS 0 /* the scalar build: panel_ref for all */
 #endif
 
-/* `panel` (or `panel_ref`) with the format and mr compile-time constants (accumulators in registers). */
-static void panel_any(int fmt, int mr, const rg_panel v, int64_t nb, const xblock *xq, float *y, int64_t ldy,
-                      int64_t nvalid) {
+/* `panel` (or `panel_ref`) with the format, mr and limbs compile-time constants (accumulators in registers).
+ * Three limbs (every row count a decode step has) take the rows as they come; fewer (long prompts) take
+ * whole tiles of MR rows, the rows past `stored` being zero padding (quantize_rows). */
+static void panel_any(int fmt, int mr, int limbs, const rg_panel v, int64_t nb, const xblock *xq, float *y,
+                      int64_t ldy, int64_t nvalid, int stored) {
+    (void)mr;  /* (the scalar build's panel_ref takes the stored rows only) */
     if (fmt >= PANEL_FORMATS) {
-        panel_ref(fmt, mr, v, nb, xq, y, ldy, nvalid);
+        panel_ref(fmt, stored, limbs, v, nb, xq, y, ldy, nvalid);
         return;
     }
 #if PANEL_FORMATS > 0
-#define CASE(R)                                                                  \
-    case R:                                                                      \
-        switch (fmt) {                                                           \
-            case FMT_U4H: panel(FMT_U4H, R, v, nb, xq, y, ldy, nvalid); return;  \
-            case FMT_I8H: panel(FMT_I8H, R, v, nb, xq, y, ldy, nvalid); return;  \
-            PANEL_CASES_MORE(R)                                                  \
-        }                                                                        \
-        return;
+#define FORMATS(R, L)                                                                        \
+    switch (fmt) {                                                                           \
+        case FMT_U4H: panel(FMT_U4H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
+        case FMT_I8H: panel(FMT_I8H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
+        PANEL_CASES_MORE(R, L)                                                               \
+    }                                                                                        \
+    return;
 #if PANEL_FORMATS > 2
-#define PANEL_CASES_MORE(R)                                                      \
-    case FMT_U4F: panel(FMT_U4F, R, v, nb, xq, y, ldy, nvalid); return;          \
-    case FMT_U8F: panel(FMT_U8F, R, v, nb, xq, y, ldy, nvalid); return;          \
-    case FMT_U8F2: panel(FMT_U8F2, R, v, nb, xq, y, ldy, nvalid); return;        \
-    case FMT_K4: panel(FMT_K4, R, v, nb, xq, y, ldy, nvalid); return;            \
-    case FMT_K6: panel(FMT_K6, R, v, nb, xq, y, ldy, nvalid); return;            \
-    case FMT_U5H: panel(FMT_U5H, R, v, nb, xq, y, ldy, nvalid); return;          \
-    case FMT_U5F: panel(FMT_U5F, R, v, nb, xq, y, ldy, nvalid); return;
+#define PANEL_CASES_MORE(R, L)                                                         \
+    case FMT_U4F: panel(FMT_U4F, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
+    case FMT_U8F: panel(FMT_U8F, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
+    case FMT_U8F2: panel(FMT_U8F2, R, L, v, nb, xq, y, ldy, nvalid, stored); return;   \
+    case FMT_K4: panel(FMT_K4, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
+    case FMT_K6: panel(FMT_K6, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
+    case FMT_U5H: panel(FMT_U5H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
+    case FMT_U5F: panel(FMT_U5F, R, L, v, nb, xq, y, ldy, nvalid, stored); return;
 #else
-#define PANEL_CASES_MORE(R)
+#define PANEL_CASES_MORE(R, L)
 #endif
+#define CASE(R) case R: FORMATS(R, LIMBS)
+    if (limbs == 1) {
+        FORMATS(MR, 1)
+    } else if (limbs == 2) {
+        FORMATS(MR, 2)
+    }
     switch (mr) {
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
     }
 #undef CASE
+#undef FORMATS
 #undef PANEL_CASES_MORE
 #endif
 }
 
 typedef struct {
-    int fmt;
+    int fmt, limbs;
     const rg_block_weight *w;
     int64_t nb;
     const xblock *xq;
@@ -555,7 +573,7 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
         const rg_panel v = rg_panel_of(j->fmt, j->w, j->nb, p);
         for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
             const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
-            panel_any(j->fmt, mr, v, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR, j->n, nvalid);
+            panel_any(j->fmt, mr, j->limbs, v, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR, j->n, nvalid, mr);
         }
     }
 }
@@ -563,19 +581,30 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
 int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
 
 /* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
- * ceil(n / 16) panels. Returns 0, or -1 when k is not a multiple of 32, w's format is not one of
- * block_format.h's, or the activation limbs cannot be allocated. AMX tiles take the fp16 formats. */
-int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
+ * ceil(n / 16) panels; `limbs` (1..3) activation limbs: 3 as float32 (decode), 2 to ~2^-16 of each block's
+ * largest activation, 1 to 2^-8 (llama.cpp's Q8 activations), each fewer about halving the integer work.
+ * Returns 0, or -1 when k is not a multiple of 32, limbs is not 1..3, w's format is not one of
+ * block_format.h's, or the activation limbs cannot be allocated. AMX tiles take the fp16 formats in three
+ * limbs (the engine sends every row there: no wide path on AMX). */
+int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int limbs,
+                     int nthreads) {
     const int fmt = rg_block_format(w);
-    if (k % QK != 0 || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) || (FMT_SUPER(fmt) && k % 256 != 0))
+    if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
+        (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    if (M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_I8H) && amx_ready())
+    if (limbs == LIMBS && M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_I8H) && amx_ready())
         return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(M * nb));
+    const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
+    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(rows * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, xq, nthreads);
-    gemm_job job = {fmt, w, nb, xq, M, n, y};
+    memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
+    gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
     return 0;
+}
+
+int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads) {
+    return block_gemm_limbs(w, x, M, k, n, y, LIMBS, nthreads);
 }

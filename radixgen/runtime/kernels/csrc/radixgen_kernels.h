@@ -89,8 +89,11 @@ int64_t rg_sizeof_layer(void);
 int64_t rg_sizeof_decode_step(void);
 
 /* y [M, n] = x [M, k] @ W^T for W in blocks (block_gemm.c; from block_gemm_amx_rows() rows on, on AMX
- * tiles: amx_gemm.c). 0, or -1 (k not a multiple of 32, memory). */
+ * tiles: amx_gemm.c), with the activations in 3 int8 limbs (float32's precision), or in `limbs` (1..3:
+ * block_gemm_limbs). 0, or -1 (k not a multiple of 32, limbs out of range, memory). */
 int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads);
+int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int limbs,
+                     int nthreads);
 
 /* out [n_rows, k] = rows `rows` of W as float32 (out_dtype 0) or bfloat16 (1), each value scale * q + min
  * as the reference dequantization computes it (block_dequant.c). 0, or -1 (bad format or k). */
