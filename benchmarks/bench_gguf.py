@@ -33,11 +33,13 @@ from pathlib import Path
 BARS = {"decode_b1": 1.2, "prefill_256": 3.0}
 
 
-def ours(path: str, new_tokens: int) -> dict:
-    """Prefill-256 and batch-1 decode tokens/s of an Engine on `path` (torch imported here)."""
+def ours(path: str, new_tokens: int, wide: str = "auto") -> dict:
+    """Prefill-256 and batch-1 decode tokens/s of an Engine on `path` with `wide_matmul_dtype=wide`
+    (torch imported here)."""
     from radixgen.runtime.engine import Engine
 
-    eng = Engine(model=path, disable_radix_cache=True, max_total_tokens=4096, max_running_requests=4)
+    eng = Engine(model=path, disable_radix_cache=True, max_total_tokens=4096, max_running_requests=4,
+                 wide_matmul_dtype=wide)
     try:
         vocab = eng.model_config.vocab_size
         ids = [(i * 7919 + 13) % (vocab - 10) + 5 for i in range(256)]
@@ -117,6 +119,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench"))
+    ap.add_argument("--wide-matmul-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int16", "int8"],
+                    help="our prompt chunks' matrices (EngineConfig.wide_matmul_dtype; int8 is llama.cpp's precision)")
     args = ap.parse_args()
     if args.llama_bench is None:
         print("note: no llama-bench (give --llama-bench or LLAMA_BENCH): ours only")
@@ -131,7 +135,7 @@ def main() -> None:
     for path in args.gguf:
         runs: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         for _ in range(args.rounds):
-            runs["ours"].append(ours(path, args.new_tokens))
+            runs["ours"].append(ours(path, args.new_tokens, args.wide_matmul_dtype))
             if args.llama_bench:
                 runs["llama.cpp"].append(llama_cpp(args.llama_bench, path, args.new_tokens))
         mean = {side: {k: statistics.mean(r[k] for r in rs) for k in rs[0]} for side, rs in runs.items() if rs}

@@ -61,14 +61,18 @@ class EngineConfig:
     disable_block_kernels: bool = False
     """Run a GGUF model on dense float32 copies of its matrices (dequantized at load: ~4 bytes a weight)
     instead of the kernels that read them in their GGUF blocks (CPU, float32)."""
-    wide_matmul_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    wide_matmul_dtype: Literal["auto", "float32", "bfloat16", "int16", "int8"] = "auto"
     """Matrix products of long prompt chunks (more tokens than the GGUF block kernel's row limit, which
-    the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX):
-    auto picks bfloat16 where the CPU has bf16 dot products (avx512_bf16; prefill ~1.5x faster on AMD
-    Zen 4), else float32; with AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel:
-    prefill of 7,000 tokens ~1.5x faster again). bfloat16 moves those tokens' logits by up to ~0.8 on
-    SmolLM2 Q4_1 (HF's own bfloat16 model: ~1.0; greedy outputs can change); decode rows and shorter
-    chunks stay float32, whatever the batch. float32 sends whole steps past the limit to float32 GEMMs."""
+    the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX).
+    int16 / int8: the chunk's activations in two int8 limbs (16 bits per 32-value block) or one (8 bits,
+    as llama.cpp's Q8 activations) in the block kernel's integer dot products, on the weights' own
+    blocks; bfloat16: oneDNN GEMMs on bfloat16 slices of the weights. auto picks int16 where the CPU has
+    int8 dot products (AVX512-VNNI, AVX-VNNI, Arm's dotprod), else bfloat16 where it has bf16 ones, else
+    float32; with AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel: prefill of 7,000
+    tokens ~1.5x faster). On SmolLM2 Q4_1 those tokens' logits move from float32's by up to ~0.03
+    (int16), ~0.8 (bfloat16; HF's own bfloat16 model: ~1.0) or ~1.5 (int8), so greedy outputs can
+    change with the last two; decode rows and shorter chunks stay float32, whatever the batch. float32
+    sends whole steps past the limit to float32 GEMMs."""
     speculative_algorithm: Literal["none", "ngram"] = "none"
     """Speculative decoding: ngram proposes drafts by prompt lookup (the request's own prompt and
     output) and verifies them in the same forward as the step's other rows; outputs are exactly
@@ -126,8 +130,8 @@ class EngineConfig:
             ("dtype", self.dtype in ("float32", "bfloat16", "float16"), "float32, bfloat16 or float16"),
             ("kv_cache_dtype", self.kv_cache_dtype in ("auto", "float32", "bfloat16", "float16", "int8"),
              "auto, float32, bfloat16, float16 or int8"),
-            ("wide_matmul_dtype", self.wide_matmul_dtype in ("auto", "float32", "bfloat16"),
-             "auto, float32 or bfloat16"),
+            ("wide_matmul_dtype", self.wide_matmul_dtype in ("auto", "float32", "bfloat16", "int16", "int8"),
+             "auto, float32, bfloat16, int16 or int8"),
             ("schedule_policy", self.schedule_policy in ("lpm", "fcfs"), "lpm or fcfs"),
             ("grammar_backend", self.grammar_backend in ("llguidance", "xgrammar", "outlines"),
              "llguidance, xgrammar or outlines"),

@@ -41,9 +41,9 @@ def test_program_same_as_in_process_engine(endpoint, engine):
     assert remote_state.text() == local_state.text()
     assert remote_state["label"] == local_state["label"]
     rm, lm = remote_state.get_meta_info("label"), local_state.get_meta_info("label")
-    # The prompt is over 64 tokens: on a CPU with bf16 dot products (wide_matmul_dtype auto) a chunk
-    # that long runs its matrices in bfloat16, and the server's and the engine's radix caches split the
-    # prompt into chunks differently, so the scores differ by bfloat16 rounding (seen: 6.6e-3).
+    # The prompt is over 64 tokens: where wide_matmul_dtype auto runs a chunk that long below float32's
+    # precision (int16 activations, or bfloat16 GEMMs), and the server's and the engine's radix caches
+    # split the prompt into chunks differently, the scores differ by that rounding (seen: 6.6e-3).
     assert rm["scores"] == pytest.approx(lm["scores"], abs=0.05)
     assert rm["choice_token_ids"] == lm["choice_token_ids"]
 

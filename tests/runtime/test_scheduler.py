@@ -46,8 +46,8 @@ def test_requests_from_many_threads(engine):
 
 def test_long_prompt_chunked_equals_unchunked():
     """Chunked prefill (2048-token chunks over the cached prefix) against one 4000-token chunk, both in
-    float32 matrices: where long chunks run bfloat16 GEMMs (wide_matmul_dtype auto on CPUs with bf16
-    dot products), GEMMs of different shapes round differently (logprobs 0.03 apart, seen)."""
+    float32 matrices: where long chunks run below float32's precision (wide_matmul_dtype auto), chunks
+    of different lengths round differently (logprobs 0.03 apart with bfloat16 GEMMs, seen)."""
     chunked_engine = Engine(wide_matmul_dtype="float32")
     whole = Engine(chunked_prefill_size=8192, wide_matmul_dtype="float32")
     try:

@@ -64,7 +64,8 @@ def test_engine_flush_starts_no_team(tiny_models):
 
 def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     """On SmolLM2's GGUF blocks the matrices run in the C kernels (up to `block_rows_limit()` rows,
-    any number on AMX, and every row but long chunks' where those run bfloat16 GEMMs): the worker
+    any number on AMX, and every row but long chunks' where those run bfloat16 GEMMs; all rows where
+    long chunks take fewer activation limbs, `wide_matmul_dtype` int16 / int8): the worker
     thread runs a step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the
     core the kernels' worker needs), except prefill steps whose attention (torch SDPA) is over a tenth
     of the step's multiply-adds, and steps whose matrices are oneDNN GEMMs (serial, they ran on one
@@ -82,7 +83,8 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     engine.generate(input_ids=[5 + i % 50 for i in range(900)], sampling_params=params)
     assert worker.torch_threads_now == team  # attention ~13% of a 900-token prefill
     engine.generate(input_ids=[7 + i % 53 for i in range(300)], sampling_params=params)  # no cached prefix
-    assert worker.torch_threads_now == (1 if limit is None else team)  # ~5% of a 300-token one
+    wide_in_c = limit is None or engine.runner.model.wide_in_c
+    assert worker.torch_threads_now == (1 if wide_in_c else team)  # ~5% of a 300-token one
     engine.generate(input_ids=[9 + i % 47 for i in range(8)], sampling_params=params)
     assert worker.torch_threads_now == 1  # 8 rows: in C on every path
     engine.generate(input_ids=[[100 + i, 5, 6, 7, 8, 9] for i in range(30)], sampling_params=params)

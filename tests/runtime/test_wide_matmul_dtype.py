@@ -1,5 +1,6 @@
-"""`wide_matmul_dtype`: long prompt chunks of the float32 GGUF model through bfloat16 oneDNN copies of
-its matrices, every other row through the float32 block kernel.
+"""`wide_matmul_dtype`: long prompt chunks of the float32 GGUF model through bfloat16 oneDNN GEMMs on
+slices of its matrices, or through the block kernel with their activations in two int8 limbs (int16) or
+one (int8), every other row through the float32 block kernel.
 
 Oracles: HF transformers on the same GGUF (float32 logits within the tolerance EngineConfig states,
 and no further on average than HF's own bfloat16 model), and the same requests run alone (a short
@@ -14,12 +15,13 @@ import torch
 
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.forward_batch import make_forward_batch
-from radixgen.runtime.executor.model_runner import ModelRunner
+from radixgen.runtime.executor.model_runner import ModelRunner, wide_matmul
 from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
+from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention.torch_backend import ExtendCall, SdpaCall
-from radixgen.runtime.layers.linear import BlockLinear, long_extend_runs
+from radixgen.runtime.layers.linear import BlockLinear, WideMatmul, long_extend_runs
 from tests.runtime.test_model_logits import ATOL, PROMPT, Seq
 
 LONG_TEXT = (
@@ -32,8 +34,9 @@ LONG_TEXT = (
     "narrow stream between wide banks of dry stones. Writers and painters have long used rivers as symbols "
     "of time, of journeys, and of borders between one life and the next."
 )
-# max |logit - HF float32 logit| over LONG_TEXT's tokens (measured 0.76; HF's own bfloat16 model: 1.03)
-WIDE_BF16_LOGIT_TOLERANCE = 1.0
+# max |logit - HF float32 logit| over LONG_TEXT's tokens, the chunk's attention in bfloat16 too where the
+# CPU has it (measured: bfloat16 0.53-0.76, int16 0.26; HF's own bfloat16 model: 1.03-1.41)
+WIDE_LOGIT_TOLERANCE = 1.0
 
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the block kernels")
 
@@ -53,13 +56,14 @@ def _extend_together(runner: ModelRunner, prompts: list[list[int]]) -> torch.Ten
     return runner.forward(fb)
 
 
-def test_long_extends_run_bfloat16_within_tolerance(smollm2_path, hf_smollm2):
+@pytest.mark.parametrize("wide", ["bfloat16", "int16"])
+def test_long_extends_run_below_float32_within_tolerance(smollm2_path, hf_smollm2, wide):
     from radixgen.runtime.tokenizer import load_tokenizer
 
-    runner = _runner(smollm2_path, "bfloat16")
+    runner = _runner(smollm2_path, wide)
     if block_rows_limit() is None:  # AMX: the block kernel takes every row, there is no fallback to convert
         assert runner.model.long_extend_min is None
-        assert all(m.fallback is None for m in runner.model.modules() if isinstance(m, BlockLinear))
+        assert all(m.wide_matmul is None for m in runner.model.modules() if isinstance(m, BlockLinear))
         return
     ids = load_tokenizer().encode(LONG_TEXT)
     assert len(ids) > runner.model.long_extend_min
@@ -67,11 +71,37 @@ def test_long_extends_run_bfloat16_within_tolerance(smollm2_path, hf_smollm2):
         ref = hf_smollm2(torch.tensor([ids])).logits[0].float()  # [T, V]
         hf_bf16 = copy.deepcopy(hf_smollm2).to(torch.bfloat16)(torch.tensor([ids])).logits[0].float()
     diff = (Seq(runner).extend(ids, all_logits=True) - ref).abs()
-    assert diff.max().item() > ATOL  # the chunk took the bfloat16 matrices, not the float32 ones
-    assert diff.max().item() <= WIDE_BF16_LOGIT_TOLERANCE
+    assert diff.max().item() > ATOL  # the chunk took the lower-precision path, not the float32 one
+    assert diff.max().item() <= WIDE_LOGIT_TOLERANCE
     assert diff.mean().item() <= (hf_bf16 - ref).abs().mean().item()
     exact = (Seq(_runner(smollm2_path, "float32")).extend(ids, all_logits=True) - ref).abs().max().item()
     assert exact <= ATOL
+
+
+def test_fewer_limbs_trade_precision_for_speed_in_order(smollm2_path, hf_smollm2):
+    """On the same long chunk, HF float32 logits are matched best by int16 (two activation limbs), then
+    bfloat16 GEMMs, then int8 (one limb, llama.cpp's Q8 activations), on average over its tokens."""
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    if block_rows_limit() is None:  # AMX: no wide path
+        return
+    ids = load_tokenizer().encode(LONG_TEXT)
+    with torch.no_grad():
+        ref = hf_smollm2(torch.tensor([ids])).logits[0].float()
+    mean = {w: (Seq(_runner(smollm2_path, w)).extend(ids, all_logits=True) - ref).abs().mean().item()
+            for w in ("int16", "bfloat16", "int8")}
+    assert mean["int16"] < mean["bfloat16"] < mean["int8"], mean
+
+
+def test_auto_takes_int16_where_the_cpu_has_int8_dot_products():
+    flags = cpu_flags()
+    auto = wide_matmul("auto")
+    if {"avx512_vnni", "avx_vnni", "asimddp"} & flags:
+        assert auto == WideMatmul(torch.float32, 2)
+    else:
+        assert auto.limbs is None
+    assert wide_matmul("int8") == WideMatmul(torch.float32, 1) and wide_matmul("int8").lower
+    assert not wide_matmul("float32").lower
 
 
 def test_short_rows_beside_a_long_chunk_stay_float32(smollm2_path):

@@ -21,7 +21,7 @@ from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention import get_attention_backend
-from radixgen.runtime.layers.linear import can_pack, can_use_blocks
+from radixgen.runtime.layers.linear import WIDE_LIMBS, WideMatmul, can_pack, can_use_blocks
 from radixgen.runtime.layers.parallel import TensorParallel
 from radixgen.runtime.models.config import ModelConfig
 from radixgen.runtime.models.llama import LlamaModel, RunSetup
@@ -34,12 +34,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cache/kv_quant.py)
 
 
-def wide_matmul_dtype(setting: str) -> torch.dtype:
-    """The dtype wide steps run a GGUF model's matrices in (`EngineConfig.wide_matmul_dtype`): auto is
-    bfloat16 where the CPU has bf16 dot products, float32 elsewhere."""
+def wide_matmul(setting: str) -> WideMatmul:
+    """How wide steps run a GGUF model's matrices (`EngineConfig.wide_matmul_dtype`): auto is int16 (two
+    activation limbs in the block kernel) where the CPU has int8 dot products, else bfloat16 where it has
+    bf16 ones, else float32."""
     if setting == "auto":
-        return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & cpu_flags() else torch.float32
-    return DTYPES[setting]
+        flags = cpu_flags()
+        setting = ("int16" if {"avx512_vnni", "avx_vnni", "asimddp"} & flags
+                   else "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32")
+    if setting in WIDE_LIMBS:
+        return WideMatmul(torch.float32, WIDE_LIMBS[setting])
+    return WideMatmul(DTYPES[setting])
 
 
 class ModelRunner:
@@ -85,14 +90,14 @@ class ModelRunner:
         for rotary in self.model.rotaries:  # keep cos/sin tables in fp32
             rotary.float()
         has_blocks = self.model.block_weight_count > 0
-        wide = wide_matmul_dtype(config.wide_matmul_dtype) if has_blocks else torch.float32
+        wide = wide_matmul(config.wide_matmul_dtype) if has_blocks else WideMatmul(torch.float32)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
             self.memory.kv_tokens, mc.num_layers, self.model.plan.kv_heads, mc.head_dim, self.kv_dtype, self.device
         )
         setup = RunSetup(pack_dense=can_pack(self.device, self.dtype),
-                         c_kernels=layer_ops.available(self.device, self.dtype), wide_dtype=wide,
+                         c_kernels=layer_ops.available(self.device, self.dtype), wide=wide,
                          triton_rope=self.attention.name == "triton")
         self.model.prepare(setup, self.token_to_kv_pool)
         logger.info("model built in %.1f s (%d layers, vocabulary %d)", time.perf_counter() - t0,
@@ -124,7 +129,8 @@ class ModelRunner:
 
     def plan(self, fb: ForwardBatch) -> StepPlan:
         """How step `fb` runs (executor/step_plan.py)."""
-        return plan_step(fb, self.model_config, self.model.one_call_rows, self.model.long_extend_min)
+        m = self.model
+        return plan_step(fb, self.model_config, m.one_call_rows, m.long_extend_min, m.wide_in_c)
 
     def forward(self, fb: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         """Run one step (as `plan` says; default: `self.plan(fb)`); returns float32 logits

@@ -40,18 +40,21 @@ def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
     return attention / (attention + matrices)
 
 
-def plan_step(fb: ForwardBatch, cfg: ModelConfig, one_call_rows: int | None, long_extend_min: int | None) -> StepPlan:
+def plan_step(fb: ForwardBatch, cfg: ModelConfig, one_call_rows: int | None, long_extend_min: int | None,
+              wide_in_c: bool = False) -> StepPlan:
     """The plan of step `fb` for a model whose one-call C decode takes up to `one_call_rows` rows (None:
-    it has none) and whose block matrices give extends longer than `long_extend_min` to their wide GEMMs
-    (None: wide inputs go there whole, past the block kernel's row limit). Every matrix runs in C where
-    the model has the one-call path and the step's rows stay in the block kernel: all of them up to
-    its limit, or, where long extends take the wide GEMMs, any step without one."""
+    it has none) and whose block matrices give extends longer than `long_extend_min` to their wide path
+    (None: wide inputs go there whole, past the block kernel's row limit), the block kernel itself where
+    `wide_in_c` (fewer activation limbs), else GEMMs in torch. Every matrix runs in C where the model has
+    the one-call path and the step's rows stay in the block kernel: all of them up to its limit, or,
+    where long extends take the wide path, any step without one or any step at all where that path is
+    in C."""
     rows = sum(fb.extend_lens)
     wide = () if long_extend_min is None else long_extend_runs(fb.extend_lens, long_extend_min)
     if one_call_rows is None:
         in_c = False
     elif long_extend_min is not None:
-        in_c = not wide
+        in_c = wide_in_c or not wide
     else:
         in_c = rows <= one_call_rows
     serial = in_c and (fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE)

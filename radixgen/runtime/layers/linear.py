@@ -9,10 +9,11 @@
 - `BlockLinear`: a GGUF matrix in the block kernel's panels (`kernels/block_gemm.py`), the only copy
   of the weight, for float32 rows on CPU. The block kernel takes every row where it has AMX tiles,
   else up to `block_rows_limit()` rows; wider inputs (prefill) run GEMMs on slices of the weight
-  dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit, or, with a
-  bfloat16 `wide_dtype` (`wide_matmul_dtype`), for the rows of the step's long extends only (`wide`,
-  passed down by the model): prefill ~1.5x faster on AMD Zen 4, while decode rows and short prompts
-  stay float32 in the block kernel whatever the batch.
+  dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit. At a lower
+  precision (`WideMatmul`, from `wide_matmul_dtype`) only the rows of the step's long extends (`wide`,
+  passed down by the model) take it: bfloat16 slices, or the block kernel itself with the activations
+  in fewer int8 limbs (int16: two, int8: one; each limb fewer about halves its integer work), while
+  decode rows and short prompts stay float32 in the block kernel whatever the batch.
 - `ConcatLinear`: GGUF matrices fused by rows (q/k/v) that no one block format holds, side by side.
 - `StoredLinear`: an F16 / BF16 GGUF matrix kept in its 16-bit type, converted to float32 a slice at
   a time for each product (memory: the file's bytes).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,23 @@ class PackedLinear(Linear):
 
 
 Runs = tuple[tuple[int, int], ...]  # a step's rows [start, end) of its long extends, sorted and disjoint
+
+
+WIDE_LIMBS = {"int16": 2, "int8": 1}  # wide_matmul_dtype's integer settings: activation limbs (block_gemm.c)
+
+
+@dataclass(frozen=True)
+class WideMatmul:
+    """How block matrices compute rows past the block kernel's row limit: GEMMs on weight slices
+    dequantized to `dtype`, or (`limbs`) the block kernel with the activations in that many int8 limbs."""
+
+    dtype: torch.dtype
+    limbs: int | None = None
+
+    @property
+    def lower(self) -> bool:
+        """Below float32's precision: for the rows of long extends only."""
+        return self.limbs is not None or self.dtype != torch.float32
 
 
 def long_extend_runs(extend_lens: list[int], min_len: int) -> Runs:
@@ -126,22 +145,25 @@ def wide_linear(x: torch.Tensor, weight_rows: Callable[[int, int, torch.Tensor],
 
 
 class BlockLinear(Linear):
-    """A GGUF matrix in the block kernel's panels, for float32 CPU rows. `wide_dtype` None: the block
+    """A GGUF matrix in the block kernel's panels, for float32 CPU rows. `wide_matmul` None: the block
     kernel takes every row (AMX; the head). float32: inputs of more rows than `block_rows_limit()` run
-    on dequantized slices (`wide_linear`). A lower precision (`long_extends_only`): only the rows of long
-    extends (`wide`) do, the block kernel computing every other row."""
+    on dequantized slices (`wide_linear`). A lower precision (`WideMatmul.lower`): only the rows of long
+    extends (`wide`) take it, the block kernel computing every other row in float32's."""
 
-    def __init__(self, panels: PanelWeight, bias: torch.Tensor | None, wide_dtype: torch.dtype | None = None,
-                 long_extends_only: bool = False) -> None:
+    def __init__(self, panels: PanelWeight, bias: torch.Tensor | None, wide_matmul: WideMatmul | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = panels.shape
         self.panels = panels
         self.bias = bias
-        self.wide_dtype = wide_dtype
-        self.long_extends_only = long_extends_only
+        self.wide_matmul = wide_matmul
+
+    @property
+    def long_extends_only(self) -> bool:
+        """Whether only long extends' rows take the wide path (a precision below float32's)."""
+        return self.wide_matmul is not None and self.wide_matmul.lower
 
     def forward(self, x: torch.Tensor, wide: Runs = ()) -> torch.Tensor:
-        if self.wide_dtype is None:
+        if self.wide_matmul is None:
             return self._blocks(x)
         if not self.long_extends_only:
             return self._blocks(x) if use_blocks(x) else self._wide(x)
@@ -165,8 +187,11 @@ class BlockLinear(Linear):
         return y if self.bias is None else y.add_(self.bias)
 
     def _wide(self, x: torch.Tensor) -> torch.Tensor:
-        rows = lambda start, end, buf: block_dequant_rows(self.panels, torch.arange(start, end), buf.dtype, out=buf)
-        y = wide_linear(x, rows, self.out_features, self.wide_dtype)
+        if self.wide_matmul.limbs is not None:
+            y = block_linear(x, self.panels, limbs=self.wide_matmul.limbs)
+        else:
+            rows = lambda start, end, buf: block_dequant_rows(self.panels, torch.arange(start, end), buf.dtype, out=buf)
+            y = wide_linear(x, rows, self.out_features, self.wide_matmul.dtype)
         return y if self.bias is None else y.add_(self.bias)
 
 

@@ -46,6 +46,7 @@ from radixgen.runtime.layers.linear import (
     Linear,
     Runs,
     StoredLinear,
+    WideMatmul,
     pack,
 )
 from radixgen.runtime.layers.norm import GeluAndMul, RMSNorm, SiluAndMul
@@ -173,7 +174,7 @@ class RunSetup:
 
     pack_dense: bool  # plain matrices reordered for oneDNN
     c_kernels: bool  # per-token ops (norms, SiLU * up, rotary + K/V store) in C
-    wide_dtype: torch.dtype = torch.float32  # the block matrices' wide GEMMs (bfloat16: long extends' rows only)
+    wide: WideMatmul = WideMatmul(torch.float32)  # the block matrices' wide rows (below float32: long extends' only)
     triton_rope: bool = False  # rotary + K/V store in one Triton launch (the Triton attention backend)
 
 
@@ -198,25 +199,25 @@ class LlamaModel(nn.Module):
         self.window = config.sliding_window  # the sliding-window layers' window (None: no such layer)
         self.decode_in_c: DecodeLayers | None = None  # the one-call C decode over the bound KV pool
         self.long_extend_min: int | None = None  # extends longer than this take lower-precision fallbacks
+        self.wide_in_c = False  # those extends' rows stay in the block kernel (fewer activation limbs)
 
     def prepare(self, setup: RunSetup, pool: TokenToKVPool) -> None:
         """Set the loaded model up to run (once, after `load_weights` and the move to the device): the
         representations and paths of `setup`, then the one-call C decode over `pool` where it applies."""
-        self._specialize(setup.pack_dense, setup.c_kernels, setup.wide_dtype)
+        self._specialize(setup.pack_dense, setup.c_kernels, setup.wide)
         if setup.triton_rope:
             self._use_triton_rope()
         self._bind_kv_pool(pool)
 
-    def _specialize(self, pack_dense: bool, c_kernels: bool, wide_dtype: torch.dtype) -> None:
+    def _specialize(self, pack_dense: bool, c_kernels: bool, wide: WideMatmul) -> None:
         """Plain matrices packed for oneDNN (`pack_dense`); block matrices' wide steps (past
-        `block_rows_limit()` rows, none on AMX) on dequantized slices in `wide_dtype`, a lower precision
+        `block_rows_limit()` rows, none on AMX) as `wide` says, a precision below float32's
         taking the rows of long extends only (the head, outside those, keeps every row in the block
         kernel); C per-token ops."""
         limit = block_rows_limit()
-        lower = wide_dtype != torch.float32
         for m in self.modules():
             if isinstance(m, BlockLinear):
-                m.wide_dtype, m.long_extends_only = (None, False) if limit is None else (wide_dtype, lower)
+                m.wide_matmul = None if limit is None else wide
         for i, layer in enumerate(self.layers):
             for path in layer_matrices(self.plan, i):
                 parent, _, attr = path.rpartition(".")
@@ -229,9 +230,9 @@ class LlamaModel(nn.Module):
         if pack_dense:
             self.lm_head = _packed(self.lm_head, keep_dense=self.config.tie_word_embeddings)
         if isinstance(self.lm_head, BlockLinear) and self.lm_head.long_extends_only:
-            self.lm_head.wide_dtype = None  # the head's rows are logits rows, no long extend's: the block kernel's
+            self.lm_head.wide_matmul = None  # the head's rows are logits rows, no long extend's: the block kernel's
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
-            self.long_extend_min = limit
+            self.long_extend_min, self.wide_in_c = limit, wide.limbs is not None
 
     def _use_triton_rope(self) -> None:
         """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch
@@ -306,7 +307,7 @@ class LlamaModel(nn.Module):
         if meta is None:
             meta = backend.init_metadata(fb, req_to_token)
         if plan is None:
-            plan = plan_step(fb, self.config, self.one_call_rows, self.long_extend_min)
+            plan = plan_step(fb, self.config, self.one_call_rows, self.long_extend_min, self.wide_in_c)
         h = embed_lookup(self.embed, fb.input_ids, self.tp)  # [T, hidden]
         if self.config.embed_scale != 1.0:
             h = h * self.config.embed_scale
