@@ -229,21 +229,22 @@ def test_a_prompt_chunk_in_the_step_does_not_make_drafts_look_cheap():
     assert worker.mixed_steps > 5 and worker.mixed_drafts == 0, (worker.mixed_steps, worker.mixed_drafts)
 
 
-def test_a_prompt_held_for_its_drafts_still_defers_one_sharing_its_prefix():
-    """A request that drafts at the end of its prefill and holds for the verification is still a prompt
-    in progress: a request sharing its prefix waits for it and takes that prefix from the tree instead of
-    computing it again (bench_spec's batch-8 extraction prefilled the shared one-shot example twice)."""
+def test_drafts_follow_decode_rows_not_a_completing_prompt():
+    """A prompt whose end predicts its continuation (a suffix match) drafts nothing in the step that
+    completes it, even where rows are cheap, and then drafts as it decodes; a request sharing its prefix,
+    added while that prefill is in flight, waits for it and takes the prefix from the tree."""
     tok = shared_tokenizer()
     worker = FakeWorker(copy_token, 20)
     s = spec_scheduler(600, 4, 256, worker)
     shared = [500 + j % 5 for j in range(64)]  # repeats: the prompt's end has a suffix match to draft from
     first, _ = make_req(tok, "a", shared, 12, seed=1)
     s.add_request(first)
-    s.step()  # its prefill, with drafts, in flight; it holds for their verification
-    assert first.flight.held and worker.drafts_seen > 0
+    s.step()  # its whole prefill, in flight
+    assert worker.drafts_seen == 0 and not first.flight.held
     second, _ = make_req(tok, "b", shared + [3001, 3002], 12, seed=2)
     s.add_request(second)
     run_until_idle(s)
+    assert worker.drafts_seen > 0
     assert second.cached_tokens >= len(shared)
     for req in (first, second):
         assert req.output_ids == expected_output(req, copy_token)

@@ -1,7 +1,13 @@
 """Speculator: which of a step's rows carry drafts, and how many, under a cost model of the step.
 
-Each request that samples this step may propose the tokens its n-gram index predicts
-(`speculative/ngram.py`). Whether a draft token is worth verifying depends on how likely it is to
+Each request that samples from a single row this step (a decode; or a prompt served from the cache
+up to its last token) may propose the tokens its n-gram index predicts (`speculative/ngram.py`). A
+request completing a computed prompt chunk does not: it has no acceptance of its own yet, and the
+step it would hold out of is, as often as not, the next long prompt chunk (at batch 8 on copy-heavy
+extraction prompts, drafting there made the first token later and the whole batch 8-10% slower than
+drafting off).
+
+Whether a draft token is worth verifying depends on how likely it is to
 be accepted and on what an extra row costs: a step costs a fixed part (reading the weights once, the
 step's Python and sampling) plus a part per row, and yields one token per sampling row plus every
 accepted draft. Draft tokens are added best first (draft j of a request is accepted with
@@ -178,7 +184,7 @@ class Speculator:
         row_cost = [per_row] * len(reqs)  # seconds (or row-costs) one draft row of the request adds
         candidates: list[tuple[float, int, int]] = []  # (accepted tokens per cost, row, depth)
         for i, req in enumerate(reqs):
-            if not sampling[i]:
+            if not sampling[i] or lens[i] != 1:  # drafts follow decode rows only (module docstring)
                 continue
             self.attach(req)
             limit = self._limit(req)
