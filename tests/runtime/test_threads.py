@@ -68,7 +68,8 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     long chunks take fewer activation limbs, `wide_matmul_dtype` int16 / int8): the worker
     thread runs a step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the
     core the kernels' worker needs), except prefill steps whose attention (torch SDPA) is over a tenth
-    of the step's multiply-adds, and steps whose matrices are oneDNN GEMMs (serial, they ran on one
+    of the step's multiply-adds (long chunks' attention not counted where it runs in C), and steps whose
+    matrices are oneDNN GEMMs (serial, they ran on one
     core); the kernels keep the engine's count either way."""
     from radixgen.runtime.kernels import ffi
     from radixgen.runtime.kernels.block_gemm import block_rows_limit
@@ -81,7 +82,9 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
     assert worker.torch_threads_now == 1  # the last step decoded
     engine.generate(input_ids=[5 + i % 50 for i in range(900)], sampling_params=params)
-    assert worker.torch_threads_now == team  # attention ~13% of a 900-token prefill
+    runner = engine.runner  # attention ~13% of a 900-token prefill: in torch, unless long chunks attend in C
+    all_in_c = runner.model.wide_in_c and runner.long_attention_in_c  # (as their matrices then are)
+    assert worker.torch_threads_now == (1 if all_in_c else team)
     engine.generate(input_ids=[7 + i % 53 for i in range(300)], sampling_params=params)  # no cached prefix
     wide_in_c = limit is None or engine.runner.model.wide_in_c
     assert worker.torch_threads_now == (1 if wide_in_c else team)  # ~5% of a 300-token one
@@ -110,3 +113,8 @@ def test_attention_share_counts_each_query_against_its_keys():
     attention = pairs * 2 * 4 * 16  # scores and weighted values, per head
     per_token = 64 * 4 * 16 + 2 * (64 * 2 * 16) + 4 * 16 * 64 + 3 * 64 * 160  # q, k and v, o, gate/up/down
     assert attention_share(fb, cfg) == pytest.approx(attention / (attention + 14 * per_token))
+    # with extends longer than 6 tokens attending in C, only the others' pairs are torch's
+    torch_pairs = sum(p + j + 1 for p, e in zip(prefix_lens, extend_lens, strict=True) if e <= 6 for j in range(e))
+    torch_attention = torch_pairs * 2 * 4 * 16
+    assert attention_share(fb, cfg, torch_max_extend=6) == pytest.approx(
+        torch_attention / (torch_attention + 14 * per_token))

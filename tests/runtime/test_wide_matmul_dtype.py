@@ -100,6 +100,7 @@ def test_auto_takes_int16_where_the_cpu_has_int8_dot_products():
         assert auto == WideMatmul(torch.float32, 2)
     else:
         assert auto.limbs is None
+    assert wide_matmul("auto", attention_in_c=False).limbs is None  # torch attention: its threads and ours contend
     assert wide_matmul("int8") == WideMatmul(torch.float32, 1) and wide_matmul("int8").lower
     assert not wide_matmul("float32").lower
 

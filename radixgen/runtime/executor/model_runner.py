@@ -17,6 +17,7 @@ from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGrap
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per_token, plan_kv
 from radixgen.runtime.executor.step_plan import StepPlan, plan_step
+from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi, layer_ops
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
@@ -34,13 +35,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cache/kv_quant.py)
 
 
-def wide_matmul(setting: str) -> WideMatmul:
+def wide_matmul(setting: str, attention_in_c: bool = True) -> WideMatmul:
     """How wide steps run a GGUF model's matrices (`EngineConfig.wide_matmul_dtype`): auto is int16 (two
-    activation limbs in the block kernel) where the CPU has int8 dot products, else bfloat16 where it has
-    bf16 ones, else float32."""
+    activation limbs in the block kernel) where the CPU has int8 dot products and long chunks attend in
+    C (`attention_in_c`), else bfloat16 where it has bf16 dot products, else float32. (Where their
+    attention runs in torch, its parallel ops and the kernels' threads contend for the cores: Gemma 3's
+    sliding-window layers made a 1,024-token prefill 0.67x the bfloat16 path's.)"""
     if setting == "auto":
         flags = cpu_flags()
-        setting = ("int16" if {"avx512_vnni", "avx_vnni", "asimddp"} & flags
+        setting = ("int16" if attention_in_c and {"avx512_vnni", "avx_vnni", "asimddp"} & flags
                    else "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32")
     if setting in WIDE_LIMBS:
         return WideMatmul(torch.float32, WIDE_LIMBS[setting])
@@ -90,7 +93,10 @@ class ModelRunner:
         for rotary in self.model.rotaries:  # keep cos/sin tables in fp32
             rotary.float()
         has_blocks = self.model.block_weight_count > 0
-        wide = wide_matmul(config.wide_matmul_dtype) if has_blocks else WideMatmul(torch.float32)
+        attn = self.model.layers[0].attn  # long chunks attend in C: bfloat16 kernel, no sliding-window layer
+        long_attention_c = (self.model.window is None and getattr(self.attention, "c_decode", False)
+                            and c_extend.available(self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim))
+        wide = wide_matmul(config.wide_matmul_dtype, long_attention_c) if has_blocks else WideMatmul(torch.float32)
         mc = model_config
         self.req_to_token_pool = ReqToTokenPool(config.max_running_requests, self.context_length + 1, self.device)
         self.token_to_kv_pool = TokenToKVPool(
@@ -109,16 +115,18 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphRunner(self.model, self.token_to_kv_pool, self.req_to_token_pool,
                                                    self.attention, sizes, capture=True)
         long = self.model.long_extend_min  # long prompt chunks' attention in bfloat16 too, where the CPU has it
-        attn = self.model.layers[0].attn
         bf16_attention = long is not None and self.attention.use_bf16_long_extends(
             long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
+        self.long_attention_in_c = bf16_attention and self.model.window is None  # (windowed layers: torch)
         limit = block_rows_limit() if has_blocks else None
+        wide_text = (f"{8 * wide.limbs}-bit activations in the block kernel" if wide.limbs is not None
+                     else f"{str(wide.dtype).removeprefix('torch.')} oneDNN, sliced")
         wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"
         logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "
                     "decode %s, CUDA graphs %s", model_config.arch, config.dtype,
                     str(self.kv_dtype).removeprefix("torch."), self.device, self.attention.name,
                     ffi.simd_path() if self.device.type == "cpu" else "unused", self.model.block_weight_count,
-                    "" if limit is None else f" ({wide_rule}: {str(wide).removeprefix('torch.')} oneDNN, sliced"
+                    "" if limit is None else f" ({wide_rule}: {wide_text}"
                     f"{', attention bfloat16 C' if bf16_attention else ''})",
                     "on" if self.model.decode_in_c is not None else "off",
                     "on" if self.decode_graphs is not None else "off")
@@ -130,7 +138,8 @@ class ModelRunner:
     def plan(self, fb: ForwardBatch) -> StepPlan:
         """How step `fb` runs (executor/step_plan.py)."""
         m = self.model
-        return plan_step(fb, self.model_config, m.one_call_rows, m.long_extend_min, m.wide_in_c)
+        return plan_step(fb, self.model_config, m.one_call_rows, m.long_extend_min, m.wide_in_c,
+                         self.long_attention_in_c)
 
     def forward(self, fb: ForwardBatch, plan: StepPlan | None = None) -> torch.Tensor:
         """Run one step (as `plan` says; default: `self.plan(fb)`); returns float32 logits

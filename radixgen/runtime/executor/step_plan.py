@@ -30,10 +30,13 @@ class StepPlan:
     serial_torch: bool  # torch ops on one thread: every matrix of the step runs in C
 
 
-def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
+def attention_share(fb: ForwardBatch, cfg: ModelConfig, torch_max_extend: int | None = None) -> float:
     """Attention's share of the step's multiply-adds (each query against its prefix and its own
-    earlier keys; the matrices: q/k/v/o and the MLP per token)."""
-    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(fb.prefix_lens, fb.extend_lens, strict=True))
+    earlier keys; the matrices: q/k/v/o and the MLP per token), counting only the requests whose
+    attention runs in torch: all, or (`torch_max_extend`) those extending by at most that many tokens
+    (longer ones attend in the bfloat16 C kernel)."""
+    cut = torch_max_extend if torch_max_extend is not None else float("inf")
+    pairs = sum(e * p + e * (e + 1) // 2 for p, e in zip(fb.prefix_lens, fb.extend_lens, strict=True) if e <= cut)
     attention = 2 * pairs * cfg.num_heads * cfg.head_dim
     q_kv_o = cfg.hidden_size * (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
     matrices = sum(fb.extend_lens) * (q_kv_o + 3 * cfg.hidden_size * cfg.intermediate_size)
@@ -41,14 +44,15 @@ def attention_share(fb: ForwardBatch, cfg: ModelConfig) -> float:
 
 
 def plan_step(fb: ForwardBatch, cfg: ModelConfig, one_call_rows: int | None, long_extend_min: int | None,
-              wide_in_c: bool = False) -> StepPlan:
+              wide_in_c: bool = False, long_attention_in_c: bool = False) -> StepPlan:
     """The plan of step `fb` for a model whose one-call C decode takes up to `one_call_rows` rows (None:
     it has none) and whose block matrices give extends longer than `long_extend_min` to their wide path
     (None: wide inputs go there whole, past the block kernel's row limit), the block kernel itself where
     `wide_in_c` (fewer activation limbs), else GEMMs in torch. Every matrix runs in C where the model has
     the one-call path and the step's rows stay in the block kernel: all of them up to its limit, or,
     where long extends take the wide path, any step without one or any step at all where that path is
-    in C."""
+    in C. Their torch ops then run serially unless attention in torch is a large share of the step
+    (long extends' attention is not, where it runs in C: `long_attention_in_c`)."""
     rows = sum(fb.extend_lens)
     wide = () if long_extend_min is None else long_extend_runs(fb.extend_lens, long_extend_min)
     if one_call_rows is None:
@@ -57,5 +61,6 @@ def plan_step(fb: ForwardBatch, cfg: ModelConfig, one_call_rows: int | None, lon
         in_c = wide_in_c or not wide
     else:
         in_c = rows <= one_call_rows
-    serial = in_c and (fb.is_decode or attention_share(fb, cfg) <= SERIAL_ATTENTION_SHARE)
+    torch_max_extend = long_extend_min if long_attention_in_c else None
+    serial = in_c and (fb.is_decode or attention_share(fb, cfg, torch_max_extend) <= SERIAL_ATTENTION_SHARE)
     return StepPlan(one_call=one_call_rows is not None and rows <= one_call_rows, wide=wide, serial_torch=serial)
