@@ -117,7 +117,7 @@ class ModelRunner:
         long = self.model.long_extend_min  # long prompt chunks' attention in bfloat16 too, where the CPU has it
         bf16_attention = long is not None and self.attention.use_bf16_long_extends(
             long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        self.long_attention_in_c = bf16_attention and self.model.window is None  # (windowed layers: torch)
+        self.long_attention_in_c = bf16_attention and long_attention_c  # (windowed layers attend in torch)
         limit = block_rows_limit() if has_blocks else None
         wide_text = (f"{8 * wide.limbs}-bit activations in the block kernel" if wide.limbs is not None
                      else f"{str(wide.dtype).removeprefix('torch.')} oneDNN, sliced")
