@@ -3,8 +3,9 @@
 
 Matrices are quantized with gguf-py (`qtype`), norms and biases stay F32; the vocabulary is made-up
 tokens (the logits are compared on token ids). Only what the tests' architectures need is written.
-phi3 keeps its fused `qkv_proj` / `gate_up_proj` as `attn_qkv` / `ffn_up`; gemma2's norms are named as
-Gemma's (`post_attention_norm`, `ffn_norm` before the MLP, `post_ffw_norm`) and get +1 (HF's are 1 + w).
+phi3 keeps its fused `qkv_proj` / `gate_up_proj` as `attn_qkv` / `ffn_up` (LongRoPE: its factor tensors
+and keys); gemma2's norms are named as Gemma's (`post_attention_norm`, `ffn_norm` before the MLP,
+`post_ffw_norm`) and get +1 (HF's are 1 + w).
 qwen3moe: each layer's experts stacked into `ffn_{gate,up,down}_exps` [n_expert, rows, cols] as
 llama.cpp's converter writes them, the router (`ffn_gate_inp`) kept F32 as llama.cpp's quantizer does.
 """
@@ -12,6 +13,7 @@ llama.cpp's converter writes them, the router (`ffn_gate_inp`) kept F32 as llama
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -35,6 +37,8 @@ EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
     base, _, suffix = hf_name.rpartition(".")
+    if base.startswith("rope_factors_"):
+        return hf_name
     if base in TOP_NAMES:
         return f"{TOP_NAMES[base]}.{suffix}"
     _, _, layer, rest = base.split(".", 3)  # model.layers.N.<rest>
@@ -86,6 +90,14 @@ def convert(hf_dir: Path, out: Path, arch: str, qtype: str = "Q8_0") -> Path:
         writer.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         writer.add_final_logit_softcapping(cfg["final_logit_softcapping"])
         tensors = {n: t + 1 if n.endswith("norm.weight") else t for n, t in tensors.items()}
+    rope = cfg.get("rope_parameters") or {}
+    if arch == "phi3" and rope.get("rope_type") == "longrope":  # as llama.cpp's Phi3MiniModel writes it
+        original = cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_rope_scaling_orig_ctx_len(original)
+        tensors["rope_factors_long.weight"] = np.array(rope["long_factor"], dtype=np.float32)
+        tensors["rope_factors_short.weight"] = np.array(rope["short_factor"], dtype=np.float32)
     if arch == "qwen3moe":
         writer.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
         writer.add_expert_used_count(cfg["num_experts_per_tok"])

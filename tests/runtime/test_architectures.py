@@ -1,9 +1,12 @@
 """Architectures beyond Llama against HF transformers: Qwen2 (q/k/v bias) and Qwen3 (q/k norms) from
 their GGUF conversion (read by HF's own GGUF loader), Mistral's sliding window from safetensors,
-past the window, and Phi-3 (fused checkpoint matrices) and Gemma 2 (soft-capped attention, windows on
-alternate layers) from both (Gemma 3: test_gemma3.py)."""
+past the window, and Phi-3 (fused checkpoint matrices; LongRoPE's short and long factors) and Gemma 2
+(soft-capped attention, windows on alternate layers) from both (Gemma 3: test_gemma3.py)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,11 +49,56 @@ def test_phi3_gguf_matches_hf(tmp_path):
     check_model(path, load_tokenizer(hf_dir).encode(PROMPT))
 
 
-def test_phi3_longrope_is_refused():
+LONGROPE_ORIGINAL = 64  # the tiny model's pretraining length: contexts past it take the long factors
+
+
+def longrope_phi3(out) -> Path:
+    """A tiny Phi-3 with LongRoPE: distinct random short / long factors per frequency, a 4x context
+    extension (attention factor sqrt(1 + ln 4 / ln 64)), so the set used and the factor show in logits."""
+    g = torch.Generator().manual_seed(3)
+    half = 64 // 4 // 2  # head_dim / 2 of TINY (hidden 64, 4 heads)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": (1 + torch.rand(half, generator=g)).tolist(),
+            "long_factor": (2 + 6 * torch.rand(half, generator=g)).tolist()}
+    return build_tiny_model(out, "phi3", rope_parameters=rope, original_max_position_embeddings=LONGROPE_ORIGINAL,
+                            max_position_embeddings=4 * LONGROPE_ORIGINAL)
+
+
+def test_phi3_longrope_short_context_matches_hf(tmp_path):
+    """Served within the pretraining length, LongRoPE's short factors: HF takes them for any sequence
+    no longer than that (here the prompt plus 32 decoded tokens)."""
+    path = longrope_phi3(tmp_path / "phi3")
+    ids = load_tokenizer(path).encode(PROMPT)
+    assert len(ids) + 33 <= LONGROPE_ORIGINAL
+    check_model(path, ids, context_length=LONGROPE_ORIGINAL)
+
+
+def test_phi3_longrope_long_context_matches_hf(tmp_path):
+    """Served past the pretraining length, the long factors, on a prompt past it (HF's choice for it):
+    from safetensors, and from a Q8_0 GGUF carrying llama.cpp's rope_factors_long / _short tensors (its
+    blocks and the one-call C decode) against HF's GGUF loader told the LongRoPE config it does not read."""
+    import transformers
+
+    hf_dir = longrope_phi3(tmp_path / "phi3")
+    ids = load_tokenizer(hf_dir).encode(" ".join([PROMPT] * 4))
+    assert len(ids) > LONGROPE_ORIGINAL
+    check_model(hf_dir, ids, context_length=4 * LONGROPE_ORIGINAL)
+    path = convert(hf_dir, tmp_path / "phi3.gguf", "phi3")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    ours, hf = dict(open_checkpoint(path)[0].rope_scaling), dict(ModelConfig.from_hf(cfg).rope_scaling)
+    assert ours.pop("attention_factor") == pytest.approx(hf.pop("attention_factor"), rel=1e-6)  # stored as F32
+    assert ours == hf  # the factors are float32 values in both files
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32, rope_parameters=cfg["rope_parameters"],
+        original_max_position_embeddings=LONGROPE_ORIGINAL, max_position_embeddings=4 * LONGROPE_ORIGINAL).eval()
+    check_model(path, ids, ref=ref, context_length=4 * LONGROPE_ORIGINAL)
+
+
+def test_longrope_factors_must_match_the_head():
     cfg = {"architectures": ["Phi3ForCausalLM"], "num_attention_heads": 4, "num_hidden_layers": 2,
            "hidden_size": 64, "intermediate_size": 128, "vocab_size": 100,
-           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}}
-    with pytest.raises(ValueError, match="longrope"):
+           "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4}}
+    with pytest.raises(ValueError, match="head_dim / 2 = 8"):
         ModelConfig.from_hf(cfg)
 
 

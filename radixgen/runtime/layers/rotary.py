@@ -11,19 +11,24 @@ from torch import nn
 
 
 class Rotary(nn.Module):
-    """cos/sin tables [P, D/2] (float32) for all positions; `gather` once per step, `apply` per layer."""
+    """cos/sin tables [P, D/2] (float32) for all positions, multiplied by `scale` (LongRoPE's attention
+    factor, which every kernel reading the tables then applies); `gather` once per step, `apply` per layer."""
 
-    def __init__(self, inv_freq: torch.Tensor, max_len: int) -> None:
+    def __init__(self, inv_freq: torch.Tensor, max_len: int, scale: float = 1.0) -> None:
         super().__init__()
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # [D/2]
+        self.scale = scale
         self.resize(max_len)
 
     def resize(self, max_len: int) -> None:
         """Rebuild the tables for positions 0..max_len-1 (float32, on inv_freq's device)."""
         positions = torch.arange(max_len, dtype=torch.float32, device=self.inv_freq.device)
         freqs = torch.outer(positions, self.inv_freq)  # [P, D/2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def gather(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, D/2] of `positions` [T]."""

@@ -6,6 +6,13 @@ wide, their own rotary base), a soft-cap on attention scores (Gemma 2), q/k/v an
 checkpoint holds already fused (Phi-3), norms after attention and MLP as well as before (Gemma), GeGLU (Gemma), a
 scaled embedding (Gemma), the query scale, a final logit soft-cap, and mixture-of-experts MLPs
 (Qwen3-MoE: how many experts, how many each token uses, their width, which layers are sparse).
+
+Rotary scaling: llama3, linear, GGUF's per-frequency factors, and LongRoPE (Phi-3's 128k models: one
+set of per-frequency divisors for contexts up to the pretraining length, another beyond it, and cos/sin
+scaled by an attention factor). HF switches LongRoPE's set per forward call by the sequence's length,
+which would leave a sequence's cached keys rotated by the other set once it grows past that length; we
+pick the set once, by the served context length, as llama.cpp does (`inv_freq(context)`), so every
+cached key of every sequence is rotated alike and the radix cache can share them.
 """
 
 from __future__ import annotations
@@ -100,12 +107,15 @@ class ModelConfig:
         local = params.pop("sliding_attention", None)  # per layer type (transformers 5: Gemma 3)
         rope = dict(params.pop("full_attention", None) or params)
         theta = rope.pop("rope_theta", None) or cfg.get("rope_theta", 10000.0)
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3", "linear"):
-            raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, llama3, linear; "
-                             "not Phi-3 128k's longrope / su)")
         if rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
             raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type in ("longrope", "su"):  # "su": LongRoPE's name in Phi-3's first 128k configs
+            rope = _longrope(cfg, rope)
+            rope_type = "longrope"
+        elif rope_type not in ("default", "llama3", "linear"):
+            raise ValueError(f"unsupported rope scaling type {rope_type!r} (supported: default, llama3, linear, "
+                             "longrope)")
         local_theta = (local or {}).get("rope_theta") or cfg.get("rope_local_base_freq")
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
@@ -166,14 +176,26 @@ class ModelConfig:
         d = self.head_dim
         return (1.0 / (self.rope_local_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float()
 
-    def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies [head_dim / 2], with llama3 / linear scaling applied."""
+    @property
+    def rope_attention_factor(self) -> float:
+        """What the rotary cos/sin tables are multiplied by (LongRoPE's attention factor; else 1)."""
+        rs = self.rope_scaling
+        return float(rs["attention_factor"]) if rs is not None and rs.get("rope_type") == "longrope" else 1.0
+
+    def inv_freq(self, context: int | None = None) -> torch.Tensor:
+        """RoPE inverse frequencies [head_dim / 2], with llama3 / linear / per-frequency scaling applied;
+        LongRoPE divides by its long factors where the served `context` (tokens a sequence may reach)
+        is past the pretraining length, else by its short ones."""
         d = self.head_dim
         inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
         rs = self.rope_scaling
         if rs is None:
             return inv.float()
         kind = rs.get("rope_type", rs.get("type"))
+        if kind == "longrope":
+            long = context is not None and context > rs["original_max_position_embeddings"]
+            factors = rs["long_factor"] if long else rs["short_factor"]
+            return (inv / torch.tensor(factors, dtype=torch.float64)).float()
         if kind == "factors":  # GGUF's per-frequency divisors (llama.cpp's rope_freqs tensor)
             return (inv / torch.tensor(rs["factors"], dtype=torch.float64)).float()
         if kind == "linear":
@@ -188,6 +210,33 @@ class ModelConfig:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_mid, mid, scaled).float()
+
+
+def _longrope(cfg: dict, rope: dict) -> dict:
+    """LongRoPE's scaling from an HF config: its short / long per-frequency factors, the pretraining
+    length that picks between them (Phi-3 keeps it beside, not inside, the rope dict) and the cos/sin
+    attention factor (HF's default where the config gives none: sqrt(1 + ln(s) / ln(L)), s the context
+    extension max_position_embeddings / L)."""
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    short, long = rope.get("short_factor"), rope.get("long_factor")
+    if short is None or long is None or len(short) != head_dim // 2 or len(long) != head_dim // 2:
+        raise ValueError(f"longrope scaling needs short_factor and long_factor lists of head_dim / 2 = "
+                         f"{head_dim // 2} numbers each")
+    original = int(cfg.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+                   or cfg.get("max_position_embeddings", 2048))
+    factor = rope.get("factor") or cfg.get("max_position_embeddings", original) / original
+    attention = rope.get("attention_factor")
+    if attention is None:
+        attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return longrope_scaling(short, long, original, attention)
+
+
+def longrope_scaling(short: list[float] | tuple[float, ...], long: list[float] | tuple[float, ...],
+                     original: int, attention_factor: float) -> dict:
+    """ModelConfig's rope_scaling for LongRoPE (from HF's config or GGUF's rope_factors tensors)."""
+    return {"rope_type": "longrope", "short_factor": tuple(float(x) for x in short),
+            "long_factor": tuple(float(x) for x in long), "original_max_position_embeddings": int(original),
+            "attention_factor": float(attention_factor)}
 
 
 def _moe_fields(cfg: dict) -> dict:

@@ -13,7 +13,8 @@ Gemma 2 (`models/gemma2-iswa.cpp`) is Gemma 3 without q/k norms or a local rotar
 layer is windowed (the first one included), and `attn_logit_softcapping` caps its attention scores.
 Phi-3 holds q/k/v in one `attn_qkv` and gate/up in one `ffn_up` (gate first), HF's `qkv_proj` and
 `gate_up_proj`; llama.cpp ignores its `attention.sliding_window` (Phi SWA is off there), and so do we.
-Its 128k variants' LongRoPE (`rope_factors_long` / `_short`) is refused.
+Its 128k variants' LongRoPE is two F32 tensors (`rope_factors_long` / `_short`, the per-frequency
+divisors) and `rope.scaling.original_context_length` / `.attn_factor`.
 Qwen3-MoE (llama.cpp's `models/qwen3moe.cpp`): every layer's MLP is a mixture of experts whose top-k
 weights are renormalized; each layer's experts are stacked in one tensor per matrix
 (`ffn_gate_exps` [n_expert, n_ff_exp, n_embd] ...), named here `mlp.experts.gate_proj` etc. (no
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from radixgen.runtime.models.config import GEMMA, GEMMA_SWA_PATTERN, ModelConfig
+from radixgen.runtime.models.config import GEMMA, GEMMA_SWA_PATTERN, ModelConfig, longrope_scaling
 from radixgen.runtime.models.gguf_file import GGUFHeader
 
 _COMMON_LAYER_NAMES = {
@@ -78,7 +79,8 @@ ARCHS = {
     "gemma2": GGUFArch("gemma2", _GEMMA_NAMES),
     "gemma3": GGUFArch("gemma3", _GEMMA_NAMES),
 }
-EXTRA_TENSORS = {"rope_freqs.weight"}  # read into the config (llama 3.1+ rotary factors), not weights
+# read into the config, not weights: llama 3.1+'s rotary factors, Phi-3 128k's LongRoPE factors
+EXTRA_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 
 def gguf_arch(reader: GGUFHeader) -> GGUFArch:
@@ -90,8 +92,8 @@ def gguf_arch(reader: GGUFHeader) -> GGUFArch:
     return ARCHS[name]
 
 
-def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None) -> ModelConfig:
-    """The ModelConfig of a GGUF file's metadata (`rope_freqs`: its `rope_freqs.weight`, if any)."""
+def gguf_config(reader: GGUFHeader, extra: dict[str, tuple[float, ...]] | None = None) -> ModelConfig:
+    """The ModelConfig of a GGUF file's metadata (`extra`: the values of its EXTRA_TENSORS, by name)."""
     arch = gguf_arch(reader).arch
     p = f"{arch}."
 
@@ -103,12 +105,19 @@ def gguf_config(reader: GGUFHeader, rope_freqs: tuple[float, ...] | None = None)
     layers = int(meta("block_count"))
     head_dim = int(meta("attention.key_length") or meta("rope.dimension_count") or hidden // heads)
     names = {t.name for t in reader.tensors}
-    if "rope_factors_long.weight" in names:
-        raise ValueError("unsupported rope scaling: LongRoPE (rope_factors_long / rope_factors_short, Phi-3's "
-                         "128k variants)")
     eos = reader.get("tokenizer.ggml.eos_token_id")
     n_vocab = meta("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
-    scaling = _rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor"), rope_freqs)
+    extra = extra or {}
+    if "rope_factors_long.weight" in extra:
+        long, short = extra["rope_factors_long.weight"], extra.get("rope_factors_short.weight")
+        if short is None or len(short) != len(long) or len(long) != head_dim // 2:
+            raise ValueError(f"LongRoPE needs rope_factors_long and rope_factors_short of head_dim / 2 = "
+                             f"{head_dim // 2} values each")
+        original = int(meta("rope.scaling.original_context_length") or meta("context_length", 2048))
+        scaling = longrope_scaling(short, long, original, float(meta("rope.scaling.attn_factor", 1.0)))
+    else:
+        scaling = _rope_scaling(meta("rope.scaling.type"), meta("rope.scaling.factor"),
+                                extra.get("rope_freqs.weight"))
     gemma, moe = arch in GEMMA, arch == "qwen3moe"
     expert_width = int(meta("expert_feed_forward_length", 0))
     window = meta("attention.sliding_window") if arch != "phi3" else None

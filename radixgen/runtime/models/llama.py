@@ -193,7 +193,7 @@ class LlamaModel(nn.Module):
         if config.tie_word_embeddings:
             head.weight = self.embed
         self.lm_head: Linear = head if tp is None else VocabParallelHead(head, tp.comm, config.vocab_size)
-        self.rotary = Rotary(config.inv_freq(), max_len)
+        self.rotary = Rotary(config.inv_freq(max_len), max_len, config.rope_attention_factor)
         local = config.local_inv_freq()
         self.local_rotary = Rotary(local, max_len) if local is not None else None  # sliding-window layers'
         self.window = config.sliding_window  # the sliding-window layers' window (None: no such layer)

@@ -90,13 +90,13 @@ def open_checkpoint(model: str | os.PathLike | None) -> tuple[ModelConfig, Check
             raise FileNotFoundError(f"no *.safetensors weights in {str(path)!r}")
         return config, SafetensorsCheckpoint(files)
     reader = gguf_reader(path)
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    config = gguf_config(reader, None if freqs is None else _read_floats(path, freqs))
+    extra = {t.name: _read_floats(path, t) for t in reader.tensors if t.name in EXTRA_TENSORS}
+    config = gguf_config(reader, extra)
     return config, GGUFCheckpoint(path, reader, config)
 
 
 def _read_floats(path: Path, t: TensorInfo) -> tuple[float, ...]:
-    """A small F32 tensor's values (llama 3.1's rotary factors)."""
+    """A small F32 tensor's values (rotary factors)."""
     if t.qtype != "F32":
         raise ValueError(f"{path.name}: tensor {t.name!r} is {t.qtype}, expected F32")
     with open(path, "rb") as f:
