@@ -1,6 +1,7 @@
 """Qwen3-MoE against HF transformers (the oracle): logits from safetensors and from a GGUF conversion
 (stacked expert tensors, read one expert at a time as block weights), the router's choice of experts,
-and a decode step that runs only its token's chosen experts."""
+and a decode step that runs only its token's chosen experts. Tensor parallelism (every expert on
+every rank, over its half of the expert width) against one rank, itself checked against HF here."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.layers.linear import BlockLinear
 from radixgen.runtime.models.config import ModelConfig
+from radixgen.runtime.models.llama import layer_matrices
 from radixgen.runtime.models.moe import MoEMLP
-from radixgen.runtime.models.sharding import check_tp_size
+from radixgen.runtime.models.sharding import ShardPlan, check_tp_size
 from tests.conftest import build_tiny_model
 from tests.runtime.hf_to_gguf import convert
 from tests.runtime.test_model_logits import PROMPT, Seq, check_model, hf_model
+from tests.runtime.test_tp_logits import TOL, Driver, drive_mixed_steps
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +124,69 @@ def test_sparse_layers_follow_hf_rule(moe_dir):
     assert [c.is_moe(i) for i in range(6)] == [False, True, False, False, False, True]
 
 
-def test_tensor_parallel_refuses_moe(moe_dir):
+@pytest.fixture(scope="module", params=["safetensors", "gguf"])
+def tp_runners(request, moe_dir, moe_gguf):
+    """A tp=1 and a tp=2 runner of the same checkpoint. From the GGUF both run dense dequantized
+    matrices (the tp=2 ranks always do), so they differ only by the split."""
+    path = moe_dir if request.param == "safetensors" else moe_gguf
+    common = dict(model=str(path), max_total_tokens=1024, max_running_requests=4, context_length=512)
+    ref = ModelRunner(EngineConfig(**common, disable_block_kernels=True))
+    from radixgen.runtime.distributed.runner import TPModelRunner
+
+    tp = TPModelRunner(EngineConfig(**common, tp_size=2))
+    yield ref, tp
+    tp.close()
+
+
+def test_tp2_logits_equal_tp1(tp_runners):
+    """Prefill, chunked prefill beside decodes, a shared prefix and decode steps: tp=2 gives tp=1's
+    logits, so both ranks route every token to the same experts and their halves sum to the layer."""
+    ref, tp = tp_runners
+    d = Driver(ref, tp)
+    drive_mixed_steps(d)
+    assert d.max_diff < TOL, f"tp=2 logits differ from tp=1 by {d.max_diff}"
+
+
+def test_each_rank_holds_half_of_each_expert(tp_runners, monkeypatch):
+    """Rank 0 holds every expert over half its width (which half each rank holds:
+    test_expert_slices_cover_the_width) and the whole router; a step all-reduces each MoE layer's
+    output once, not once per expert."""
+    ref, tp = tp_runners
+    size = lambda m: m.in_features * m.out_features  # noqa: E731 (any weight representation)
+    for ours, full in zip(moe_layers(tp), moe_layers(ref), strict=True):
+        assert size(ours.router) == size(full.router)
+        assert len(ours.experts) == len(full.experts) == 8
+        for e, f in zip(ours.experts, full.experts, strict=True):
+            assert (2 * e.gate_up.out_features, 2 * e.down.in_features) == (f.gate_up.out_features, f.down.in_features)
+            assert 2 * (size(e.gate_up) + size(e.down)) == size(f.gate_up) + size(f.down)
+    comm, reduced = tp.model.tp.comm, []
+    monkeypatch.setattr(comm, "all_reduce", lambda t, inner=comm.all_reduce: reduced.append(t.shape) or inner(t))
+    Driver(ref, tp).step({3: [5, 6, 7]})
+    assert len(reduced) == 1 + 2 * tp.model.config.num_layers  # the embedding, then o_proj and the MoE per layer
+
+
+def test_expert_slices_cover_the_width(moe_dir):
+    """Rank r of 2 holds rows r*16 .. of each expert's gate_proj and up_proj, the same columns of its
+    down_proj, and the whole router."""
     config = ModelConfig.from_hf(json.loads((moe_dir / "config.json").read_text()))
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        check_tp_size(config, 2)
-    check_tp_size(config, 1)
+    for rank in range(2):
+        parts = layer_matrices(ShardPlan(config, rank, 2), 0)
+        inner = slice(16 * rank, 16 * (rank + 1))
+        assert parts["mlp.router"] == [("mlp.gate", None, None)]
+        assert parts["mlp.experts.7.gate_up"] == [("mlp.experts.7.gate_proj", inner, None),
+                                                  ("mlp.experts.7.up_proj", inner, None)]
+        assert parts["mlp.experts.7.down"] == [("mlp.experts.7.down_proj", None, inner)]
+
+
+def test_tp_size_must_divide_the_expert_width(moe_dir):
+    """A tp size that does not divide moe_intermediate_size is refused, naming it and the sizes that
+    work; the dense MLP width counts only where some layer is dense."""
+    cfg = json.loads((moe_dir / "config.json").read_text())  # 4 query heads, 2 KV heads
+    narrow = ModelConfig.from_hf(cfg | {"moe_intermediate_size": 30})
+    check_tp_size(narrow, 2)
+    with pytest.raises(ValueError, match=r"tp_size=4 does not divide this model's expert MLP width "
+                                         r"\(moe_intermediate_size\) of 30; tp sizes that work for it: \[1, 2\]"):
+        check_tp_size(narrow, 4)
+    check_tp_size(ModelConfig.from_hf(cfg | {"intermediate_size": 102}), 4)  # no dense layer
+    with pytest.raises(ValueError, match=r"MLP width \(intermediate_size\) of 102"):
+        check_tp_size(ModelConfig.from_hf(cfg | {"intermediate_size": 102, "mlp_only_layers": [1]}), 4)

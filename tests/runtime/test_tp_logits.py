@@ -1,7 +1,8 @@
 """Tensor parallelism at the model level: tp=2 logits equal tp=1 logits on tiny random Llama, Qwen2
 (qkv bias) and Qwen3 (q/k norm) models, over a prefill, a chunked prefill mixed with decodes, a
 prefix shared through the KV slots (a radix-cache hit) and 32 decode steps; each rank holds about
-half of the weights. The tp=2 runner is rank 0 in this process with rank 1 a child process (gloo)."""
+half of the weights. The tp=2 runner is rank 0 in this process with rank 1 a child process (gloo).
+Qwen3-MoE's tensor parallelism: test_moe.py, through this file's Driver and steps."""
 
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ def runners(request, tiny_models):
     tp.close()
 
 
-def test_tp2_logits_equal_tp1(runners):
-    ref, tp = runners
-    d = Driver(ref, tp)
+def drive_mixed_steps(d: Driver, decode_steps: int = 32) -> None:
+    """Greedy steps through both runners: a prefill, a chunked prefill beside decodes, a prefix shared
+    through the KV slots (a radix-cache hit), then `decode_steps` decode steps of every request."""
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(3, 40000, (n,), generator=g).tolist()  # noqa: E731
     a, b = prompt(40), prompt(50)
@@ -76,9 +77,15 @@ def test_tp2_logits_equal_tp1(runners):
     last[1] = logits[1].argmax().item()
     logits = d.step({2: prompt(7)}, shared={2: (0, 30)})  # C reuses A's first 30 KV slots (a cache hit)
     last[2] = logits[0].argmax().item()
-    for _ in range(32):
+    for _ in range(decode_steps):
         logits = d.step({r: [t] for r, t in last.items()})
         last = {r: logits[i].argmax().item() for i, r in enumerate(last)}
+
+
+def test_tp2_logits_equal_tp1(runners):
+    ref, tp = runners
+    d = Driver(ref, tp)
+    drive_mixed_steps(d)
     assert d.max_diff < TOL, f"tp=2 logits differ from tp=1 by {d.max_diff}"
 
 

@@ -16,9 +16,10 @@ per-token ops, and sets up the one-call C decode step where it applies (`prepare
 
 Under tensor parallelism (`tp`) each rank builds the same model over its shard (`sharding.py`): its
 query / KV heads and MLP columns, its vocabulary rows; o_proj and down are row-parallel, the
-embedding and lm_head vocab-parallel (`layers/parallel.py`). The one-call C decode is off there (the
-all-reduces between layers cannot happen inside one C call); every other path is unchanged.
-Mixture-of-experts models are refused there (`sharding.check_tp_size`), and their layers never take
+embedding and lm_head vocab-parallel (`layers/parallel.py`). A mixture-of-experts layer holds every
+expert over its columns of the expert width, the router replicated, and all-reduces its output once
+(`moe.py`). The one-call C decode is off there (the all-reduces between layers cannot happen inside
+one C call); every other path is unchanged. Mixture-of-experts layers, on one rank too, never take
 the one-call C decode (it runs dense MLPs only).
 """
 
@@ -98,8 +99,8 @@ class DecoderLayer(nn.Module):
         # the norm before the MLP (HF: Llama's post_attention_layernorm, Gemma's pre_feedforward_layernorm)
         self.post_attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         if c.is_moe(layer_id):
-            self.mlp: MLP | MoEMLP = MoEMLP(c.hidden_size, c.moe_intermediate_size, c.num_experts,
-                                            c.num_experts_per_tok, c.norm_topk_prob)
+            self.mlp: MLP | MoEMLP = MoEMLP(c.hidden_size, plan.expert_intermediate, c.num_experts,
+                                            c.num_experts_per_tok, c.norm_topk_prob, tp)
         else:
             self.mlp = MLP(c.hidden_size, plan.intermediate, tp, c.hidden_act)
         # Gemma: norms on the attention's and the MLP's outputs before each residual add
@@ -133,7 +134,8 @@ class DecoderLayer(nn.Module):
 def layer_matrices(plan: ShardPlan, layer_id: int) -> dict[str, list[tuple[str, slice | None, slice | None]]]:
     """Each fused matrix of layer `layer_id`: module path -> the HF weights stacked into it, in order,
     with the (rows, columns) of each that this rank holds (None: all). A mixture-of-experts layer has a
-    router and each expert's gate/up and down (one rank only: all of each)."""
+    router (all of it on every rank) and each expert's gate/up (this rank's rows) and down (the same
+    columns)."""
     q, kv, mlp = plan.q_rows(), plan.kv_rows(), plan.mlp_rows()
     fused = _fused_checkpoint_parts(plan) if plan.config.fused_checkpoint else {}
     attn = {
@@ -143,11 +145,11 @@ def layer_matrices(plan: ShardPlan, layer_id: int) -> dict[str, list[tuple[str, 
     if not plan.config.is_moe(layer_id):
         return attn | {"mlp.gate_up": [("mlp.gate_proj", mlp, None), ("mlp.up_proj", mlp, None)],
                        "mlp.down": [("mlp.down_proj", None, mlp)]} | fused
-    experts = {}
+    experts, inner = {}, plan.expert_rows()
     for e in range(plan.config.num_experts):
         p = f"mlp.experts.{e}"
-        experts[f"{p}.gate_up"] = [(f"{p}.gate_proj", None, None), (f"{p}.up_proj", None, None)]
-        experts[f"{p}.down"] = [(f"{p}.down_proj", None, None)]
+        experts[f"{p}.gate_up"] = [(f"{p}.gate_proj", inner, None), (f"{p}.up_proj", inner, None)]
+        experts[f"{p}.down"] = [(f"{p}.down_proj", None, inner)]
     return attn | {"mlp.router": [("mlp.gate", None, None)]} | experts
 
 

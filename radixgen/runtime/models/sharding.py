@@ -6,6 +6,10 @@ With `size` ranks, rank r holds:
   on size/Hkv consecutive ranks (rank r holds KV head r*Hkv // size), as SGLang does, so a rank's
   query heads always attend to the KV head their group shares;
 - MLP columns r*I/size .. (rows of gate_proj / up_proj, columns of down_proj);
+- in a mixture-of-experts layer, every expert, each over its columns r*Ie/size .. of the expert width Ie
+  (moe_intermediate_size; rows of its gate_proj / up_proj, columns of its down_proj), as SGLang's
+  default MoE tensor parallelism does: routing is computed on every rank alike (the router is
+  replicated) and the layer's summed output is all-reduced once (`moe.MoEMLP`);
 - vocabulary rows r*Vp .. (r+1)*Vp of the embedding and the lm_head, Vp = ceil(V / size); the last
   rank's shard is padded with zero rows (their logits are dropped after gathering).
 Norms (and Qwen3's per-head q/k norms) are replicated.
@@ -19,18 +23,16 @@ from radixgen.runtime.models.config import ModelConfig
 
 
 def check_tp_size(config: ModelConfig, size: int) -> None:
-    """Raise a ValueError saying what to change when `size` ranks cannot split `config` (a
-    mixture-of-experts model runs on one rank only)."""
-    if size > 1 and config.num_experts:
-        raise ValueError(f"tp_size={size}: tensor parallelism does not split mixture-of-experts models "
-                         f"({config.arch}) yet; run it with tp_size=1")
+    """Raise a ValueError saying what to change when `size` ranks cannot split `config`."""
     problems = []
     if config.num_heads % size:
         problems.append(f"{config.num_heads} attention heads")
     if config.num_kv_heads % size and size % config.num_kv_heads:
         problems.append(f"{config.num_kv_heads} KV heads (tp_size must divide them or be a multiple of them)")
-    if config.intermediate_size % size:
-        problems.append(f"an MLP width of {config.intermediate_size}")
+    if _has_dense_mlp(config) and config.intermediate_size % size:
+        problems.append(f"MLP width (intermediate_size) of {config.intermediate_size}")
+    if config.num_experts and config.moe_intermediate_size % size:
+        problems.append(f"expert MLP width (moe_intermediate_size) of {config.moe_intermediate_size}")
     if problems:
         ok = [n for n in range(1, config.num_heads + 1) if _splits(config, n)]
         raise ValueError(f"tp_size={size} does not divide this model's {' and '.join(problems)}; "
@@ -38,8 +40,16 @@ def check_tp_size(config: ModelConfig, size: int) -> None:
 
 
 def _splits(config: ModelConfig, n: int) -> bool:
+    """Whether n ranks split every dimension of `config` that tensor parallelism divides."""
     kv_ok = config.num_kv_heads % n == 0 or n % config.num_kv_heads == 0
-    return config.num_heads % n == 0 and kv_ok and config.intermediate_size % n == 0
+    mlp_ok = not _has_dense_mlp(config) or config.intermediate_size % n == 0
+    experts_ok = not config.num_experts or config.moe_intermediate_size % n == 0
+    return config.num_heads % n == 0 and kv_ok and mlp_ok and experts_ok
+
+
+def _has_dense_mlp(config: ModelConfig) -> bool:
+    """Whether some layer of `config` has a dense MLP (of `intermediate_size`), not a mixture of experts."""
+    return any(not config.is_moe(i) for i in range(config.num_layers))
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,11 @@ class ShardPlan:
         return self.config.intermediate_size // self.size
 
     @property
+    def expert_intermediate(self) -> int:
+        """Each expert's width on this rank (its columns of moe_intermediate_size)."""
+        return self.config.moe_intermediate_size // self.size
+
+    @property
     def vocab(self) -> int:
         """Rows of the embedding / lm_head shard (the vocabulary padded to a multiple of size)."""
         return -(-self.config.vocab_size // self.size)
@@ -82,6 +97,10 @@ class ShardPlan:
 
     def mlp_rows(self) -> slice:
         return slice(self.rank * self.intermediate, (self.rank + 1) * self.intermediate)
+
+    def expert_rows(self) -> slice:
+        """This rank's rows of every expert's gate_proj / up_proj (and columns of its down_proj)."""
+        return slice(self.rank * self.expert_intermediate, (self.rank + 1) * self.expert_intermediate)
 
     def vocab_rows(self) -> slice:
         """The real vocabulary rows of this shard (at most `vocab`; fewer on a padded last shard)."""
