@@ -9,6 +9,7 @@ import torch
 from radixgen.radix_cache.memory_pool import ReqToTokenPool
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.layers.attention import get_attention_backend
+from tests.conftest import build_tiny_model
 
 
 def test_backend_selection(monkeypatch):
@@ -68,14 +69,18 @@ def test_triton_backend_engine_equals_torch(tiny_models, engine_greedy_outputs):
     assert engine_greedy_outputs(model, "triton") == engine_greedy_outputs(model, "torch")
 
 
-def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models):
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_decode_graph_runner_static_buffers_match_plain_forward(tiny_models, tmp_path, arch):
     """The CUDA-graph runner's static, padded decode path (run eagerly on CPU) gives the plain
-    forward's logits: 3 requests padded to a captured size of 4, then 2 padded to 2 after a step."""
+    forward's logits: 3 requests padded to a captured size of 4, then 2 padded to 2 after a step.
+    Mistral's 8-token window: two requests are past it, which the static batch (all prefixes 0, as
+    captured) cannot tell, so its window layers must take the windowed metadata anyway."""
     from radixgen.runtime.executor.cuda_graph import DecodeGraphRunner
     from radixgen.runtime.executor.forward_batch import make_forward_batch
     from radixgen.runtime.executor.model_runner import ModelRunner
 
-    runner = ModelRunner(EngineConfig(model=str(tiny_models["llama"]), attention_backend="triton",
+    path = tiny_models[arch] if arch in tiny_models else build_tiny_model(tmp_path / arch, arch, sliding_window=8)
+    runner = ModelRunner(EngineConfig(model=str(path), attention_backend="triton",
                                       max_total_tokens=1024, max_running_requests=8))
     graphs = DecodeGraphRunner(runner.model, runner.token_to_kv_pool, runner.req_to_token_pool, runner.attention,
                                (1, 2, 4), capture=False)

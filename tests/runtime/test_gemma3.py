@@ -22,10 +22,11 @@ def tiny_gemma(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("gemma3"), "gemma3")
 
 
-def test_tiny_gemma3_matches_hf_past_the_window(tiny_gemma):
+@pytest.mark.parametrize("attention_backend", ["torch", "triton"])
+def test_tiny_gemma3_matches_hf_past_the_window(tiny_gemma, attention_backend):
     ids = load_tokenizer(tiny_gemma).encode(LONG)
     assert len(ids) > 3 * 16
-    check_model(tiny_gemma, ids)
+    check_model(tiny_gemma, ids, attention_backend=attention_backend)
 
 
 def test_engine_chunked_prefill_and_radix_cache_past_the_window(tiny_gemma):

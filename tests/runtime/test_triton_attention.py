@@ -1,5 +1,6 @@
-"""Triton attention kernels against the torch attention path: under the interpreter on CPU, and
-compiled on CUDA when a GPU is present (the root conftest leaves TRITON_INTERPRET unset there)."""
+"""Triton attention kernels against the torch attention path (sliding windows: against a float64
+naive softmax): under the interpreter on CPU, and compiled on CUDA when a GPU is present (the root
+conftest leaves TRITON_INTERPRET unset there)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,39 @@ def test_build_accepts_valid_and_rejects_invalid():
     with pytest.raises(ValueError, match="multiple"):
         kv = torch.zeros(9, 2, 16)  # [N, Hkv=2, D]: 3 query heads cannot share 2 KV heads
         triton_attention(torch.zeros(8, 3, 16), kv, kv, meta, 1.0)
+
+
+def _naive_windowed(q, k, v, fb: ForwardBatch, r2t, window: int, scale: float) -> torch.Tensor:
+    """Per request and query: a float64 softmax over the `window` latest keys up to it (the oracle)."""
+    out, t = [], 0
+    h, h_kv = q.shape[1], k.shape[1]
+    for row, p, e in zip(fb.req_pool_indices.tolist(), fb.prefix_lens, fb.extend_lens, strict=True):
+        slots = r2t[row, : p + e].long()
+        keys = k[slots].double().repeat_interleave(h // h_kv, 1)  # [S, H, D]
+        vals = v[slots].double().repeat_interleave(h // h_kv, 1)
+        for i in range(e):
+            lo, hi = max(p + i + 1 - window, 0), p + i + 1
+            s = torch.einsum("hd,shd->hs", q[t + i].double(), keys[lo:hi]) * scale  # [H, S]
+            out.append(torch.einsum("hs,shd->hd", s.softmax(-1), vals[lo:hi]).reshape(-1))
+        t += e
+    return torch.stack(out).to(q.dtype)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 100, 1000])
+@pytest.mark.parametrize("reqs", [
+    [(0, 37), (1, 5), (300, 9), (83, 1), (0, 1), (141, 20)],  # extends past and within the window, decode rows
+    [(0, 1), (2, 1), (15, 1), (16, 1), (17, 1), (300, 1)],  # pure decode: sequences shorter and longer than it
+    [(0, 130)],  # one long extend: query blocks whose first keys lie far behind the window
+], ids=["mixed", "decode", "long"])
+def test_sliding_window_matches_naive(window, reqs):
+    """Each query sees only the `window` latest keys up to itself: rows whose first tiles hold no key they
+    see, decode splits of the window alone, and windows longer than the sequence (as global attention)."""
+    q, k, v, fb, r2t = _case(reqs, 6, 2, 32, seed=window)
+    scale = 32**-0.5
+    meta = TritonAttentionMetadata.build(fb, r2t, window=window)
+    out = triton_attention(q, k, v, meta, scale)
+    ref = _naive_windowed(q.cpu(), k.cpu(), v.cpu(), fb, r2t.cpu(), window, scale)
+    assert torch.isfinite(out).all()
+    assert (out.cpu() - ref).abs().max().item() <= TOL
+    with pytest.raises(ValueError, match="window"):
+        TritonAttentionMetadata.build(fb, r2t, window=0)

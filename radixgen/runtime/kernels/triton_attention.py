@@ -14,6 +14,11 @@ slot 0, the pool's padding slot, and are masked out.
   head counts and `num_kv_splits` (split lengths are computed in-kernel), so a decode step can be
   captured in a CUDA graph.
 
+Sliding-window layers pass `window` (`TritonAttentionMetadata.window`): a query sees the `window` latest
+keys up to itself. The extend kernel starts at the first key its block's first query sees and masks
+the rest; the decode kernel splits only the window's keys. Rows that see no key of a tile keep a
+running max of -inf, so exponents are taken against 0 there (no NaN from -inf - -inf).
+
 Softmax runs in base 2 (scores pre-multiplied by scale * log2(e)); every accumulation is fp32.
 """
 
@@ -30,6 +35,7 @@ from radixgen.common.transfer import to_device
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 
 _LOG2E = 1.4426950408889634
+_NO_WINDOW = 1 << 30  # the window of global layers: more keys than any sequence holds
 
 
 @triton.jit
@@ -45,11 +51,12 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, req_to_token_ptr, req_idx_ptr, qo_start_ptr, prefix_ptr, extend_ptr,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_ot, stride_oh, stride_rt,
-    qk_scale, D,
+    qk_scale, D, WINDOW,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Program (request r, query head h, query block mb): BLOCK_M new queries against their causal keys."""
+    """Program (request r, query head h, query block mb): BLOCK_M new queries against their causal keys
+    (the WINDOW latest of them)."""
     r, h, mb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     extend = tl.load(extend_ptr + r)
     if mb * BLOCK_M >= extend:
@@ -67,20 +74,23 @@ def _extend_kernel(
                 mask=q_mask, other=0.0)  # [M, BD]
     q_pos = prefix + offs_m  # [M] position of each query in its sequence
     end = prefix + tl.minimum(extend, (mb + 1) * BLOCK_M)  # one past the last query's causal limit
+    lo = tl.maximum(prefix + mb * BLOCK_M - WINDOW + 1, 0)  # the first key the block's first query sees
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max (key 0 is visible to every row)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, end, BLOCK_N):
+    for start in range(lo, end, BLOCK_N):
         k_pos = start + offs_n  # [N]
         slot = tl.load(slots_ptr + k_pos, mask=k_pos < end, other=0).to(tl.int64)  # [N], 0 = padding
         k = tl.load(k_ptr + slot[:, None] * stride_kn + kv_h * stride_kh + offs_d[None, :],
                     mask=d_ok[None, :], other=0.0)  # [N, BD]
         s = _dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale  # [M, N]
-        s = tl.where(k_pos[None, :] <= q_pos[:, None], s, float("-inf"))  # causal (implies k_pos < end)
+        seen = (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] > q_pos[:, None] - WINDOW)  # [M, N]
+        s = tl.where(seen, s, float("-inf"))  # causal (implies k_pos < end), in the window
         m_new = tl.maximum(m_i, tl.max(s, 1))  # [M]
-        p = tl.exp2(s - m_new[:, None])  # [M, N]
-        alpha = tl.exp2(m_i - m_new)  # [M]
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # [M] rows that saw no key yet: exp2(-inf) = 0
+        p = tl.exp2(s - m_ref[:, None])  # [M, N]
+        alpha = tl.exp2(m_i - m_ref)  # [M]
         v = tl.load(v_ptr + slot[:, None] * stride_vn + kv_h * stride_vh + offs_d[None, :],
                     mask=d_ok[None, :], other=0.0)  # [N, BD]
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PRECISION, UPCAST)
@@ -95,15 +105,17 @@ def _extend_kernel(
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, mid_o_ptr, mid_lse_ptr, req_to_token_ptr, req_idx_ptr, seq_lens_ptr,
     stride_qt, stride_qh, stride_kn, stride_kh, stride_vn, stride_vh, stride_rt,
-    qk_scale, H, D,
+    qk_scale, H, D, WINDOW,
     GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Program (request r, KV head, split): the GROUP query heads of that KV head over one split."""
+    """Program (request r, KV head, split): the GROUP query heads of that KV head over one split of
+    the keys it sees (the WINDOW latest)."""
     r, kv_h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + r)
-    split_len = tl.cdiv(seq_len, NUM_SPLITS)
-    lo = split * split_len
+    first = tl.maximum(seq_len - WINDOW, 0)
+    split_len = tl.cdiv(seq_len - first, NUM_SPLITS)
+    lo = first + split * split_len
     hi = tl.minimum(lo + split_len, seq_len)
     if lo >= hi:  # empty split: stage 2 skips it
         return
@@ -143,15 +155,16 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, stride_ot, stride_oh, H, D,
+    mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, stride_ot, stride_oh, H, D, WINDOW,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Program (request r, head h): log-sum-exp merge of the non-empty splits (split 0 never is)."""
     r, h = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + r)
+    n = seq_len - tl.maximum(seq_len - WINDOW, 0)  # keys seen
     offs_s = tl.arange(0, BLOCK_S)  # [BS]
     offs_d = tl.arange(0, BLOCK_D)  # [BD]
-    s_ok = (offs_s < NUM_SPLITS) & (offs_s * tl.cdiv(seq_len, NUM_SPLITS) < seq_len)  # [BS]
+    s_ok = (offs_s < NUM_SPLITS) & (offs_s * tl.cdiv(n, NUM_SPLITS) < n)  # [BS]
     part = (r * H + h) * NUM_SPLITS + offs_s  # [BS]
     lse = tl.load(mid_lse_ptr + part, mask=s_ok, other=float("-inf"))  # [BS]
     o = tl.load(mid_o_ptr + part[:, None] * D + offs_d[None, :],
@@ -174,12 +187,16 @@ class TritonAttentionMetadata:
     max_extend: int
     is_decode: bool
     num_kv_splits: int
+    window: int | None = None  # sliding-window layers': each query sees its `window` latest keys
 
     @classmethod
-    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, num_kv_splits: int = 8) -> TritonAttentionMetadata:
+    def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, num_kv_splits: int = 8,
+              window: int | None = None) -> TritonAttentionMetadata:
         """Index tensors from `fb`'s host lists: one host->device copy, no device->host sync."""
         if num_kv_splits < 1:
             raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window must hold at least one key, got {window}")
         seq_lens = fb.seq_lens
         if max(seq_lens, default=0) > req_to_token.shape[1]:
             raise ValueError(f"a sequence of {max(seq_lens)} tokens exceeds req_to_token's {req_to_token.shape[1]}")
@@ -191,7 +208,7 @@ class TritonAttentionMetadata:
         packed = to_device(host, req_to_token.device)
         req_idx = packed[4] if req_idx.device.type == "cpu" else req_idx.to(req_to_token.device)
         return cls(req_to_token, req_idx, packed[0], packed[1], packed[2], packed[3],
-                   max(fb.extend_lens, default=0), fb.is_decode, num_kv_splits)
+                   max(fb.extend_lens, default=0), fb.is_decode, num_kv_splits, window)
 
 
 def _dot_precision(dtype: torch.dtype) -> str | None:
@@ -206,7 +223,8 @@ def triton_attention(
     meta: TritonAttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, H * D]
-    """Causal attention of each request's new queries over its cached prefix and new tokens.
+    """Causal attention of each request's new queries over its cached prefix and new tokens (their
+    `meta.window` latest, where set).
 
     Same contract as `layers/attention/torch_backend.attention`: the new tokens' K/V are already in
     the buffers, and key j of request r lives at slot `req_to_token[req_pool_indices[r], j]`. K/V
@@ -225,6 +243,7 @@ def triton_attention(
     precision = _dot_precision(q.dtype)
     upcast = q.device.type == "cpu" and q.dtype == torch.bfloat16  # CPU tensors: the Triton interpreter
     qk_scale = scale * _LOG2E
+    window = meta.window or _NO_WINDOW
     r2t = meta.req_to_token
     kv_strides = (k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1))
     if meta.is_decode:
@@ -233,12 +252,12 @@ def triton_attention(
         mid_lse = torch.empty((b, h, splits), dtype=torch.float32, device=q.device)  # [B, H, S]
         _decode_split_kernel[(b, h_kv, splits)](
             q, k_buffer, v_buffer, mid_o, mid_lse, r2t, meta.req_pool_indices, meta.seq_lens,
-            q.stride(0), q.stride(1), *kv_strides, r2t.stride(0), qk_scale, h, d,
+            q.stride(0), q.stride(1), *kv_strides, r2t.stride(0), qk_scale, h, d, window,
             GROUP=group, NUM_SPLITS=splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
             BLOCK_N=32 if wide else 64, BLOCK_D=block_d, PRECISION=precision, UPCAST=upcast, num_warps=4, num_stages=2,
         )
         _decode_merge_kernel[(b, h)](
-            mid_o, mid_lse, out, meta.seq_lens, out.stride(0), out.stride(1), h, d,
+            mid_o, mid_lse, out, meta.seq_lens, out.stride(0), out.stride(1), h, d, window,
             NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d, num_warps=2,
         )
     else:
@@ -247,7 +266,7 @@ def triton_attention(
         _extend_kernel[grid](
             q, k_buffer, v_buffer, out, r2t, meta.req_pool_indices, meta.qo_start, meta.prefix_lens,
             meta.extend_lens, q.stride(0), q.stride(1), *kv_strides, out.stride(0), out.stride(1), r2t.stride(0),
-            qk_scale, d, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            qk_scale, d, window, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             PRECISION=precision, UPCAST=upcast, num_warps=4, num_stages=2 if block_d <= 128 else 1,
         )
     return out.view(t, h * d)

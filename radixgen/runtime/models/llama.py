@@ -3,7 +3,7 @@ Qwen2/2.5 (qkv bias), Qwen3 (per-head q/k RMSNorm), Qwen3-MoE (Qwen3 with mixtur
 `moe.py`) and Gemma 3 (sliding-window layers with their own rotary base, q/k norms, norms after
 attention and MLP too, GeGLU, a scaled embedding), Gemma 2
 (Gemma 3 without q/k norms or a local rotary base, its attention scores soft-capped) and Phi-3 (q/k/v
-and gate/up fused in its checkpoints too). GQA, rotary
+and gate/up fused in its checkpoints too; LongRoPE for its 128k models). GQA, rotary
 embeddings (HF "rotate half" layout), RMSNorm, optionally tied embeddings; what differs between the
 families is data in ModelConfig.
 
@@ -306,6 +306,7 @@ class LlamaModel(nn.Module):
         """Logits [L, V] (float32) of `fb.logits_indices` (and, where `fb.hidden_indices` is set, the final
         norm's output at those rows into `fb.hidden_out`); `meta`: prebuilt attention metadata (a CUDA
         graph's static one), else built from `fb`; `plan`: how the step runs (default: from `fb`)."""
+        graph = meta is not None  # a captured graph replays for any lengths: its window layers always windowed
         if meta is None:
             meta = backend.init_metadata(fb, req_to_token)
         if plan is None:
@@ -325,8 +326,8 @@ class LlamaModel(nn.Module):
             if self.config.attn_logit_softcap is not None:  # capped scores: torch attention, windows in the masks
                 windows = {layer.attn.window for layer in self.layers}
                 ctx.capped = {w: softcap.step_call(fb, req_to_token, w) for w in windows}
-            elif self._past_window(fb):
-                ctx.window_meta = backend.init_metadata(fb, req_to_token, window=self.window)
+            elif self.window is not None and (graph or self._past_window(fb)):
+                ctx.window_meta = backend.window_metadata(meta, fb, req_to_token, self.window)
             if not all(layer.attn.rope_in_c or layer.attn.triton_rope is not None for layer in self.layers):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
                 if self.local_rotary is not None:

@@ -36,6 +36,10 @@ class AttentionBackend(ABC):
         """Index tensors for one step, shared by every layer (with `window`: by the sliding-window
         layers of that window, each query attending to its `window` latest keys, itself included)."""
 
+    def window_metadata(self, meta: Any, fb: ForwardBatch, req_to_token: torch.Tensor, window: int) -> Any:
+        """The sliding-window layers' metadata for the step whose metadata is `meta`."""
+        return self.init_metadata(fb, req_to_token, window=window)
+
     @abstractmethod
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: Any,
                 scale: float) -> torch.Tensor:

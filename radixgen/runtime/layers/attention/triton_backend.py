@@ -3,9 +3,14 @@
 The kernels (`kernels/triton_attention.py`) read K/V by slot through req_to_token with no gather
 copy: an extend kernel with an online softmax, and a split-KV decode kernel merged by log-sum-exp.
 Decode metadata depends only on the batch size, so decode steps can be captured as CUDA graphs.
+Sliding-window layers take the same index tensors with the window set (`window_metadata`), so a
+captured decode graph holds both layers' launches over the same static buffers.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 import torch
 
@@ -18,6 +23,7 @@ NUM_KV_SPLITS = 8  # decode: each request's keys in this many parts, attended in
 class TritonAttention(AttentionBackend):
     name = "triton"
     supports_cuda_graph = True
+    supports_sliding_window = True
 
     def __init__(self) -> None:
         from radixgen.runtime.kernels import triton_attention  # lazy: triton
@@ -25,10 +31,10 @@ class TritonAttention(AttentionBackend):
         self.kernels = triton_attention
 
     def init_metadata(self, fb: ForwardBatch, req_to_token: torch.Tensor, window: int | None = None):
-        if window is not None:
-            raise ValueError("the triton attention backend has no sliding-window attention; use attention_backend="
-                             "'torch'")
-        return self.kernels.TritonAttentionMetadata.build(fb, req_to_token, NUM_KV_SPLITS)
+        return self.kernels.TritonAttentionMetadata.build(fb, req_to_token, NUM_KV_SPLITS, window)
+
+    def window_metadata(self, meta: Any, fb: ForwardBatch, req_to_token: torch.Tensor, window: int) -> Any:
+        return dataclasses.replace(meta, window=window)  # the same tensors: no second host->device copy
 
     def forward(self, q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta,
                 scale: float) -> torch.Tensor:
