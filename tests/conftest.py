@@ -109,6 +109,21 @@ def smollm2_path() -> Path:
     return default_model_path()
 
 
+@pytest.fixture(autouse=True)
+def _restore_thread_counts():
+    """Put back torch's and the C kernels' thread counts a test changed (an Engine with `num_threads` sets
+    both for the whole process, from its loading thread: new threads inherit it), so later tests see
+    the machine's."""
+    from radixgen.runtime.kernels import ffi
+    from radixgen.runtime.threads import on_short_lived_thread
+
+    torch_threads, kernel_threads = on_short_lived_thread(torch.get_num_threads), ffi.kernel_threads()
+    yield
+    if on_short_lived_thread(torch.get_num_threads) != torch_threads:
+        torch.set_num_threads(torch_threads)
+    ffi.set_kernel_threads(kernel_threads)
+
+
 def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

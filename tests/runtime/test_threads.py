@@ -77,7 +77,7 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     worker = engine.scheduler.worker
     limit = block_rows_limit()
     assert worker.fast_decode_rows is not None
-    team = torch.get_num_threads()
+    team = worker.torch_team  # (the process's count may have changed since: an Engine with num_threads sets it)
     params = {"temperature": 0, "max_new_tokens": 1}
     engine.generate(input_ids=[[5, 6, 7]] * 3, sampling_params={"temperature": 0, "max_new_tokens": 6})
     assert worker.torch_threads_now == 1  # the last step decoded
@@ -94,7 +94,7 @@ def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     in_c = limit is None or engine.runner.model.long_extend_min is not None  # 180 rows of short prompts
     assert worker.torch_threads_now == (1 if in_c else team)
     serial = on_short_lived_thread(lambda: (serial_torch_on_this_thread(), ffi.kernel_threads())[1])
-    assert serial == team
+    assert serial == ffi.kernel_threads()  # a serial thread keeps the kernels' count
 
 
 def test_attention_share_counts_each_query_against_its_keys():

@@ -73,8 +73,8 @@ class ModelWorker:
         # OMP_WAIT_POLICY=PASSIVE). Other steps run matrices as oneDNN GEMMs, which need the team:
         # serial, they ran on one core (AMD Zen 4, no AMX: prefill of 256 tokens 394-413 ->
         # 621-721 tok/s, batch-64 decode 241-260 -> 364-407 tok/s once they got it back).
-        self._torch_threads = torch.get_num_threads()
-        self.torch_threads_now = self._torch_threads  # what torch ops on this thread run on now
+        self.torch_team = torch.get_num_threads()  # what a step's torch ops run on where it is not serial
+        self.torch_threads_now = self.torch_team  # what torch ops on this thread run on now
         # host time launching and sampling batches (on CPU the forward itself), waits for `ready` excluded
         self.busy_seconds = 0.0  # (written by this thread alone)
         # Results read on their own thread (see the module docstring); on by default where the device runs
@@ -135,7 +135,7 @@ class ModelWorker:
                 prev = self._last_ids[(-fb.input_ids - 1).clamp(min=0)]  # [T]
                 fb.input_ids = torch.where(fb.input_ids < 0, prev, fb.input_ids)
         plan = self.runner.plan(fb)
-        self._set_torch_threads(1 if plan.serial_torch else self._torch_threads)
+        self._set_torch_threads(1 if plan.serial_torch else self.torch_team)
         start = time.perf_counter()
         logits = self.runner.forward(fb, plan)
         self.busy_seconds += time.perf_counter() - start
