@@ -91,7 +91,8 @@ def test_phi3_longrope_long_context_matches_hf(tmp_path):
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         str(tmp_path), gguf_file=path.name, dtype=torch.float32, rope_parameters=cfg["rope_parameters"],
         original_max_position_embeddings=LONGROPE_ORIGINAL, max_position_embeddings=4 * LONGROPE_ORIGINAL).eval()
-    check_model(path, ids, ref=ref, context_length=4 * LONGROPE_ORIGINAL)
+    # float32 activations in the block kernel for the prompt too: the check's tolerance is float32's
+    check_model(path, ids, ref=ref, context_length=4 * LONGROPE_ORIGINAL, wide_matmul_dtype="float32")
 
 
 def test_longrope_factors_must_match_the_head():

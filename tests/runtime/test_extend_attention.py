@@ -13,9 +13,11 @@ pytestmark = pytest.mark.skipif(not c_extend.available(torch.float32),
                                 reason="this CPU has no AVX512-BF16 (the kernel's only path)")
 
 
-def naive(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, scale, rounded: bool) -> torch.Tensor:
-    """float64 causal attention of each request's new queries over its prefix and its own keys; with
-    `rounded`, q * scale, K and V are first rounded to bfloat16."""
+def naive(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, scale, rounded: bool,
+          window: int | None = None) -> torch.Tensor:
+    """float64 causal attention of each request's new queries over its prefix and its own keys (with
+    `window`: keys within `window` positions of the query, itself included); with `rounded`,
+    q * scale, K and V are first rounded to bfloat16."""
     out, t = [], 0
     group = q.shape[1] // k_buf.shape[1]
     for r, p, e in zip(rows.tolist(), prefix_lens.tolist(), extend_lens.tolist(), strict=True):
@@ -25,11 +27,25 @@ def naive(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, scale, rounded
             k, v, qs = k.bfloat16(), v.bfloat16(), qs.bfloat16()
         k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)  # [S, H, D]
         s = torch.einsum("thd,shd->hts", qs.double(), k)  # [H, E, S]
-        visible = torch.arange(p + e)[None, :] <= p + torch.arange(e)[:, None]  # [E, S]
+        key, pos = torch.arange(p + e)[None, :], p + torch.arange(e)[:, None]  # [1, S], [E, 1]
+        visible = (key <= pos) & (key > pos - (window or p + e))  # [E, S]
         probs = s.masked_fill(~visible, float("-inf")).softmax(-1)
         out.append(torch.einsum("hts,shd->thd", probs, v).reshape(e, -1))
         t += e
     return torch.cat(out).float()
+
+
+def scattered_table(g, seq_lens: list[int], width: int, n_slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A req_to_token table [len + 3, width] whose requests hold random distinct slots (0 left unused),
+    and each request's row in it."""
+    table = torch.zeros(len(seq_lens) + 3, width, dtype=torch.int64)
+    rows = torch.randperm(len(seq_lens) + 3, generator=g)[: len(seq_lens)]
+    free = torch.randperm(n_slots - 1, generator=g) + 1
+    start = 0
+    for r, n in zip(rows.tolist(), seq_lens, strict=True):
+        table[r, :n] = free[start : start + n]
+        start += n
+    return table, rows
 
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 64), (14, 2, 64), (8, 2, 128), (4, 1, 48)])
@@ -43,13 +59,7 @@ def test_extend_attention_matches_naive(heads, kv_heads, head_dim, dtype):
     n_slots = int((prefix_lens + extend_lens).sum()) + 40
     k_buf = (torch.randn(n_slots, kv_heads, head_dim, generator=g) * 2).to(dtype)
     v_buf = torch.randn(n_slots, kv_heads, head_dim, generator=g).to(dtype)
-    table = torch.zeros(8, 400, dtype=torch.int64)
-    rows = torch.randperm(8, generator=g)[: len(prefix_lens)]
-    free = torch.randperm(n_slots - 1, generator=g) + 1
-    start = 0
-    for r, n in zip(rows.tolist(), (prefix_lens + extend_lens).tolist(), strict=True):
-        table[r, :n] = free[start : start + n]
-        start += n
+    table, rows = scattered_table(g, (prefix_lens + extend_lens).tolist(), 400, n_slots)
     q = torch.randn(int(extend_lens.sum()), heads, head_dim, generator=g) * 2
     scale = head_dim**-0.5
     out = c_extend.extend_attention_bf16(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, scale)
@@ -59,6 +69,24 @@ def test_extend_attention_matches_naive(heads, kv_heads, head_dim, dtype):
                                rtol=0, atol=1e-2)
     exact = naive(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, scale, False)
     assert (out - exact).abs().mean().item() < 5e-3  # bfloat16 inputs: ~1e-3 on average (seen: 1.1e-3)
+
+
+@pytest.mark.parametrize("window", [1, 5, 64, 100, 129, 512])
+def test_sliding_window_matches_naive(window):
+    """Sliding-window layers: windows shorter than a key block, on its edges, spanning several and
+    longer than every sequence; requests whose prefixes end far past the window (their keys packed
+    from the window's block on) and ones whose own new rows cross its edge."""
+    g = torch.Generator().manual_seed(window)
+    prefix_lens = torch.tensor([0, 700, 130, 3, 0, 1000])
+    extend_lens = torch.tensor([300, 90, 45, 200, 1, 17])
+    seq_lens = (prefix_lens + extend_lens).tolist()
+    n_slots = sum(seq_lens) + 10
+    k_buf, v_buf = torch.randn(n_slots, 2, 64, generator=g) * 2, torch.randn(n_slots, 2, 64, generator=g)
+    table, rows = scattered_table(g, seq_lens, 1100, n_slots)
+    q = torch.randn(int(extend_lens.sum()), 8, 64, generator=g) * 2
+    out = c_extend.extend_attention_bf16(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, 0.125, window)
+    want = naive(q, k_buf, v_buf, table, rows, prefix_lens, extend_lens, 0.125, True, window)
+    torch.testing.assert_close(out.view(q.shape[0], -1), want, rtol=0, atol=1e-2)
 
 
 def test_each_request_is_independent_of_its_batch_mates():
@@ -90,3 +118,5 @@ def test_bad_inputs_are_refused():
         c_extend.extend_attention_bf16(q, buf, buf, table, one, one, torch.tensor([3]), 0.1)
     with pytest.raises(RuntimeError, match="past 16 keys"):  # 14 cached + 4 new keys in a 16-key row
         c_extend.extend_attention_bf16(q, buf, buf, table, one, torch.tensor([14]), four, 0.1)
+    with pytest.raises(ValueError, match="window must be a positive"):
+        c_extend.extend_attention_bf16(q, buf, buf, table, one, one, four, 0.1, window=0)

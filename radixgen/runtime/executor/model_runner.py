@@ -40,7 +40,8 @@ def wide_matmul(setting: str, attention_in_c: bool = True) -> WideMatmul:
     activation limbs in the block kernel) where the CPU has int8 dot products and long chunks attend in
     C (`attention_in_c`), else bfloat16 where it has bf16 dot products, else float32. (Where their
     attention runs in torch, its parallel ops and the kernels' threads contend for the cores: Gemma 3's
-    sliding-window layers made a 1,024-token prefill 0.67x the bfloat16 path's.)"""
+    sliding-window layers, when they attended in torch, made a 1,024-token prefill 0.67x the bfloat16
+    path's.)"""
     if setting == "auto":
         flags = cpu_flags()
         setting = ("int16" if attention_in_c and {"avx512_vnni", "avx_vnni", "asimddp"} & flags
@@ -93,8 +94,8 @@ class ModelRunner:
         for rotary in self.model.rotaries:  # keep cos/sin tables in fp32
             rotary.float()
         has_blocks = self.model.block_weight_count > 0
-        attn = self.model.layers[0].attn  # long chunks attend in C: bfloat16 kernel, no sliding-window layer
-        long_attention_c = (self.model.window is None and getattr(self.attention, "c_decode", False)
+        attn = self.model.layers[0].attn  # long chunks attend in C: bfloat16 kernel, uncapped scores
+        long_attention_c = (model_config.attn_logit_softcap is None and getattr(self.attention, "c_decode", False)
                             and c_extend.available(self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim))
         wide = wide_matmul(config.wide_matmul_dtype, long_attention_c) if has_blocks else WideMatmul(torch.float32)
         mc = model_config
@@ -117,7 +118,7 @@ class ModelRunner:
         long = self.model.long_extend_min  # long prompt chunks' attention in bfloat16 too, where the CPU has it
         bf16_attention = long is not None and self.attention.use_bf16_long_extends(
             long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
-        self.long_attention_in_c = bf16_attention and long_attention_c  # (windowed layers attend in torch)
+        self.long_attention_in_c = bf16_attention and long_attention_c  # (soft-capped layers attend in torch)
         limit = block_rows_limit() if has_blocks else None
         wide_text = (f"{8 * wide.limbs}-bit activations in the block kernel" if wide.limbs is not None
                      else f"{str(wide.dtype).removeprefix('torch.')} oneDNN, sliced")

@@ -37,10 +37,14 @@ def extend_attention_bf16(
     prefix_lens: torch.Tensor,  # [B] int64 cached keys before each request's new rows
     extend_lens: torch.Tensor,  # [B] int64 new rows (and keys, already stored) of each request
     scale: float,
+    window: int | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:  # [T, H * D] in q's dtype
-    """Causal attention of each request's new queries over its prefix and its own new keys, with
-    queries, keys, values and softmax weights rounded to bfloat16 and float32 sums."""
+    """Causal attention of each request's new queries over its prefix and its own new keys (with
+    `window`: over the `window` latest keys up to each query, itself included), with queries, keys,
+    values and softmax weights rounded to bfloat16 and float32 sums."""
+    if window is not None and window < 1:
+        raise ValueError(f"extend_attention_bf16: window must be a positive number of keys, got {window}")
     t, h, d = q.shape
     if k_buffer.dtype not in KV_DTYPES or v_buffer.dtype != k_buffer.dtype:
         raise ValueError(f"extend_attention_bf16: K/V must be float32, bfloat16 or float16, got "
@@ -56,7 +60,8 @@ def extend_attention_bf16(
     rc = -1 if lib is None else lib.extend_attention_bf16(
         qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
         req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), prefix_lens.data_ptr(),
-        extend_lens.data_ptr(), rows.numel(), h, k_buffer.shape[1], d, scale, out.data_ptr(), ffi.kernel_threads(),
+        extend_lens.data_ptr(), rows.numel(), h, k_buffer.shape[1], d, window or 0, scale, out.data_ptr(),
+        ffi.kernel_threads(),
     )
     if rc != 0:
         raise RuntimeError(f"extend_attention_bf16 failed (no AVX512-BF16 in this build, heads {h}/{k_buffer.shape[1]}"

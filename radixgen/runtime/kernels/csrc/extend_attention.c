@@ -13,6 +13,10 @@
  * flash attention over blocks of KB keys up to its causal limit: scores for 4 rows x 64 keys in
  * registers, the online softmax, and the weighted values for 4 rows x 64 dimensions in registers.
  * A request's result depends on its own lengths alone, not on its batch-mates or the thread count.
+ *
+ * Sliding-window layers (window > 0) see only the `window` latest keys up to each query: a request's
+ * keys are packed from the KB block holding the first key its first query sees (key_base), each tile
+ * starts at the block holding its own first visible key, and keys before a row's window are masked.
  */
 #include <math.h>
 #include <stdint.h>
@@ -34,16 +38,25 @@ typedef struct {
     const void *k_buf, *v_buf;
     int kv;
     const int64_t *req_to_token, *rows, *prefix_lens, *extend_lens;
-    int64_t table_stride, B, H, Hkv, D;
+    int64_t table_stride, B, H, Hkv, D, window; /* window 0: every earlier key */
     float scale;
     const int64_t *q_first;    /* [B] each request's first row in q / out */
     const int64_t *pack_first; /* [B] each request's first packed word */
+    const int64_t *key_base;   /* [B] each request's first packed key (a multiple of KB) */
     const int64_t *item_first; /* [B + 1] each request's first work item (of the running phase) */
     uint32_t *pack;
     float *out; /* [T, H, D] */
 } extend_job;
 
 static inline int64_t padded_keys(int64_t S) { return (S + KB - 1) / KB * KB; }
+
+/* The first key position `pos` sees (0 without a window). */
+static inline int64_t first_key(int64_t pos, int64_t window) {
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+/* The first key packed for a request of prefix P: the KB block holding its first query's first key. */
+static inline int64_t packed_from(int64_t P, int64_t window) { return first_key(P, window) / KB * KB; }
 
 /* The request of work item `item` (item_first is ascending). */
 static inline int64_t request_of(const extend_job *j, int64_t item) {
@@ -58,8 +71,8 @@ static inline void row_bf16(const void *buf, int64_t base, int64_t D, int kv, ui
         _mm256_storeu_si256((__m256i *)(dst + d), (__m256i)_mm512_cvtneps_pbh(rg_kv_load16(buf, base + d, kv)));
 }
 
-/* Pack items (request, KV head, block of 16 keys): the block's K words [D/2][16] and V words
- * [8 key pairs][D/16][16]; keys past the request's end are zeros (their scores are masked). */
+/* Pack items (request, KV head, block of 16 keys from key_base): the block's K words [D/2][16] and V
+ * words [8 key pairs][D/16][16]; keys past the request's end are zeros (their scores are masked). */
 static void pack_items(void *job, int64_t begin, int64_t end, int tid) {
     const extend_job *j = (const extend_job *)job;
     const int64_t D = j->D, Hkv = j->Hkv, DP = D / 2, DB = D / 16, row = Hkv * D;
@@ -67,11 +80,11 @@ static void pack_items(void *job, int64_t begin, int64_t end, int tid) {
     (void)tid;
     for (int64_t item = begin; item < end; item++) {
         const int64_t b = request_of(j, item), local = item - j->item_first[b];
-        const int64_t S = j->prefix_lens[b] + j->extend_lens[b], blocks = padded_keys(S) / 16;
-        const int64_t hkv = local / blocks, jb = local % blocks;
+        const int64_t S = j->prefix_lens[b] + j->extend_lens[b], base = j->key_base[b];
+        const int64_t blocks = padded_keys(S - base) / 16, hkv = local / blocks, jb = local % blocks;
         const int64_t *slots = j->req_to_token + j->rows[b] * j->table_stride;
         for (int64_t l = 0; l < 16; l++) {
-            const int64_t key = jb * 16 + l;
+            const int64_t key = base + jb * 16 + l;
             if (key < S) {
                 row_bf16(j->k_buf, slots[key] * row + hkv * D, D, j->kv, kr[l]);
                 row_bf16(j->v_buf, slots[key] * row + hkv * D, D, j->kv, vr[l]);
@@ -149,7 +162,8 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
     (void)tid;
     for (int64_t item = begin; item < end; item++) {
         const int64_t b = request_of(j, item), local = item - j->item_first[b];
-        const int64_t P = j->prefix_lens[b], E = j->extend_lens[b], blocks = padded_keys(P + E) / 16;
+        const int64_t P = j->prefix_lens[b], E = j->extend_lens[b], W = j->window, base = j->key_base[b];
+        const int64_t blocks = padded_keys(P + E - base) / 16;
         const int64_t tiles = (E + QT - 1) / QT, tile = tiles - 1 - local / Hkv, hkv = local % Hkv;
         const int64_t t0 = tile * QT, nt = E - t0 < QT ? E - t0 : QT, R = nt * G, R4 = (R + RB - 1) / RB * RB;
         const uint32_t *kpack = j->pack + j->pack_first[b] + hkv * blocks * DP * 16;
@@ -168,18 +182,25 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
                                  (uint32_t)rg_float_to_bf16(qr[2 * p + 1] * j->scale) << 16;
         }
         const int64_t kend = P + t0 + nt;  /* keys this tile's last position sees */
-        for (int64_t j0 = 0; j0 < kend; j0 += KB) {
-            block_scores(qp, R4, kpack + j0 * DP, DP, sc);
-            if (j0 + KB - 1 > P + t0)  /* the causal edge: key j0 + k is visible to position t iff j0 + k <= P + t */
+        const int64_t kfirst = first_key(P + t0 + nt - 1, W);  /* the first key this tile's last position sees */
+        for (int64_t j0 = first_key(P + t0, W) / KB * KB; j0 < kend; j0 += KB) {
+            block_scores(qp, R4, kpack + (j0 - base) * DP, DP, sc);
+            /* key j0 + k is visible to the row at position p iff first_key(p) <= j0 + k <= p */
+            if (j0 + KB - 1 > P + t0 || j0 < kfirst)
                 for (int64_t r = 0; r < R4; r++) {
-                    const int64_t first_hidden = P + t0 + (r < R ? r / G : 0) + 1 - j0;
-                    for (int64_t k = first_hidden < 0 ? 0 : first_hidden; k < KB; k++) sc[r * KB + k] = -INFINITY;
+                    const int64_t pos = P + t0 + (r < R ? r / G : 0), lo = first_key(pos, W) - j0;
+                    for (int64_t k = 0; k < (lo < KB ? lo : KB); k++) sc[r * KB + k] = -INFINITY;
+                    for (int64_t k = pos + 1 - j0 < 0 ? 0 : pos + 1 - j0; k < KB; k++) sc[r * KB + k] = -INFINITY;
                 }
-            for (int64_t r = 0; r < R4; r++) {  /* online softmax; key 0 (the first block) is visible to all rows */
+            for (int64_t r = 0; r < R4; r++) {  /* online softmax */
                 float *s = sc + r * KB;
                 __m512 mx = _mm512_loadu_ps(s);
                 for (int c = 1; c < KB / 16; c++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + c * 16));
                 const float top = fmaxf(m[r], _mm512_reduce_max_ps(mx));
+                if (top == -INFINITY) {  /* no key of the row's window yet (a window's edge in a later block) */
+                    memset(pw + r * KB, 0, sizeof(uint16_t) * KB);
+                    continue;
+                }
                 const float alpha = expf(m[r] - top);
                 const __m512 t = _mm512_set1_ps(top);
                 __m512 sum = _mm512_setzero_ps();
@@ -196,7 +217,7 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
                         _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(a, _mm512_loadu_ps(o + r * D + d)));
                 }
             }
-            block_values((const uint32_t *)pw, R4, vpack + j0 * DP, DB, D, o);
+            block_values((const uint32_t *)pw, R4, vpack + (j0 - base) * DP, DB, D, o);
         }
         for (int64_t r = 0; r < R; r++) {
             float *dst = j->out + ((j->q_first[b] + t0 + r / G) * H + hkv * G + r % G) * D;
@@ -210,29 +231,31 @@ int extend_attention_bf16_available(void) { return 1; }
 
 int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                           int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
-                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                          float *out, int nthreads) {
-    if (B < 1 || Hkv <= 0 || H % Hkv != 0 || H / Hkv > MAX_G || D % 16 != 0 || D > MAX_D || nthreads < 1 ||
-        kv == RG_KV_I8)
+                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+                          float scale, float *out, int nthreads) {
+    if (B < 1 || Hkv <= 0 || H % Hkv != 0 || H / Hkv > MAX_G || D % 16 != 0 || D > MAX_D || window < 0 ||
+        nthreads < 1 || kv == RG_KV_I8)
         return -1;
     int64_t words = 0, pack_items_n = 0, attend_items_n = 0;
     for (int64_t b = 0; b < B; b++) {
         if (extend_lens[b] < 1 || prefix_lens[b] < 0 || prefix_lens[b] + extend_lens[b] > table_stride) return -1;
-        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b]);
+        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b] - packed_from(prefix_lens[b], window));
         words += 2 * Hkv * Sp * D / 2;
         pack_items_n += Hkv * Sp / 16;
         attend_items_n += Hkv * ((extend_lens[b] + QT - 1) / QT);
     }
-    const size_t map_bytes = ((size_t)(4 * B + 2) * 8 + 63) / 64 * 64;
+    const size_t map_bytes = ((size_t)(5 * B + 2) * 8 + 63) / 64 * 64;
     uint8_t *mem = (uint8_t *)rg_scratch(RG_SCRATCH_EXTEND, map_bytes + sizeof(uint32_t) * (size_t)words);
     if (mem == NULL) return -1;
     int64_t *q_first = (int64_t *)mem, *pack_first = q_first + B, *pack_items_first = pack_first + B;
-    int64_t *attend_first = pack_items_first + B + 1;
-    for (int64_t b = 0, t = 0, w = 0; b < B; b++) {
-        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b]);
+    int64_t *attend_first = pack_items_first + B + 1, *key_base = attend_first + B + 1;
+    for (int64_t b = 0, t = 0, w = 0, items = 0; b < B; b++) {
+        key_base[b] = packed_from(prefix_lens[b], window);
+        const int64_t Sp = padded_keys(prefix_lens[b] + extend_lens[b] - key_base[b]);
         q_first[b] = t;
         pack_first[b] = w;
-        pack_items_first[b] = b ? pack_items_first[b - 1] + Hkv * padded_keys(prefix_lens[b - 1] + extend_lens[b - 1]) / 16 : 0;
+        pack_items_first[b] = items;
+        items += Hkv * Sp / 16;
         attend_first[b] = b ? attend_first[b - 1] + Hkv * ((extend_lens[b - 1] + QT - 1) / QT) : 0;
         t += extend_lens[b];
         w += Hkv * Sp * D;
@@ -240,7 +263,8 @@ int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, 
     pack_items_first[B] = pack_items_n;
     attend_first[B] = attend_items_n;
     extend_job job = {q, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
-                      scale, q_first, pack_first, pack_items_first, (uint32_t *)(mem + map_bytes), out};
+                      window, scale, q_first, pack_first, key_base, pack_items_first, (uint32_t *)(mem + map_bytes),
+                      out};
     rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
     job.item_first = attend_first;
     rg_parallel(nthreads, attend_items_n, RG_DYNAMIC, attend_items, &job);
@@ -251,9 +275,9 @@ int extend_attention_bf16_available(void) { return 0; }
 
 int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
                           int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
-                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, float scale,
-                          float *out, int nthreads) {
-    (void)q, (void)k_buf, (void)v_buf, (void)kv, (void)req_to_token, (void)table_stride, (void)rows;
+                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t window,
+                          float scale, float *out, int nthreads) {
+    (void)window, (void)q, (void)k_buf, (void)v_buf, (void)kv, (void)req_to_token, (void)table_stride, (void)rows;
     (void)prefix_lens, (void)extend_lens, (void)B, (void)H, (void)Hkv, (void)D, (void)scale, (void)out, (void)nthreads;
     return -1;
 }

@@ -67,12 +67,13 @@ class ExtendCall:
     req_rows: torch.Tensor  # [b] int64 each request's row in req_to_token
     prefix_lens: torch.Tensor  # [b] int64
     extend_lens: torch.Tensor  # [b] int64
+    window: int | None = None  # sliding-window layers' window (None: every earlier key)
 
     @classmethod
     def build(cls, rows: torch.Tensor | None, req_to_token: torch.Tensor, req_rows: torch.Tensor,
-              prefix_lens: list[int], extend_lens: list[int]) -> ExtendCall:
+              prefix_lens: list[int], extend_lens: list[int], window: int | None = None) -> ExtendCall:
         return cls(rows, req_to_token, req_rows, torch.tensor(prefix_lens, dtype=torch.int64),
-                   torch.tensor(extend_lens, dtype=torch.int64))
+                   torch.tensor(extend_lens, dtype=torch.int64), window)
 
 
 @dataclass
@@ -96,8 +97,9 @@ class AttentionMetadata:
     model runs in bfloat16) go to the bfloat16 C prompt attention; the others keep float32.
 
     With `window` (sliding-window layers), each query attends to the `window` latest keys up to
-    itself: decode rows through a table of each request's last `window` slots (C kernel), the
-    others through SDPA with the window in the mask (`_windowed`).
+    itself: decode rows through a table of each request's last `window` slots (C kernel), long
+    prompt chunks through the bfloat16 C kernel with the window, the others through SDPA with the
+    window in the mask (`_windowed`).
     """
 
     calls: list[SdpaCall | DecodeCall | ExtendCall]
@@ -105,11 +107,11 @@ class AttentionMetadata:
     @classmethod
     def build(cls, fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool = False,
               bf16_extend_min: int | None = None, window: int | None = None) -> AttentionMetadata:
+        cut = sys.maxsize if bf16_extend_min is None else max(bf16_extend_min, 1)  # longer extends: bfloat16
         if window is not None:
-            return cls(_windowed(fb, req_to_token, c_decode, window))
+            return cls(_windowed(fb, req_to_token, c_decode, cut, window))
         device = req_to_token.device
         lens = fb.extend_lens
-        cut = sys.maxsize if bf16_extend_min is None else max(bf16_extend_min, 1)  # longer extends: bfloat16
         decode = [i for i, e in enumerate(lens) if e == 1]
         long = [i for i, e in enumerate(lens) if e > cut]
         if len(decode) == fb.batch_size and c_decode:
@@ -135,15 +137,17 @@ class AttentionMetadata:
         return cls(calls)
 
 
-def _windowed(fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool,
+def _windowed(fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool, cut: int,
               window: int) -> list[SdpaCall | DecodeCall | ExtendCall]:
-    """The calls of a sliding-window layer: decode rows (C kernel, with `c_decode`) apart from the rest."""
+    """The calls of a sliding-window layer: decode rows (C kernel, with `c_decode`) and extends longer
+    than `cut` (bfloat16 C kernel) apart from the rest."""
     lens = fb.extend_lens
     decode = [i for i, e in enumerate(lens) if e == 1] if c_decode else []
-    rest = [i for i, e in enumerate(lens) if not (c_decode and e == 1)]
+    long = [i for i, e in enumerate(lens) if e > cut]
+    rest = [i for i, e in enumerate(lens) if not (c_decode and e == 1) and e <= cut]
     starts = [0, *itertools.accumulate(lens)][:-1]
     calls: list[SdpaCall | DecodeCall | ExtendCall] = []
-    for group in filter(None, (decode, rest)):
+    for group in filter(None, (decode, long, rest)):
         whole = len(group) == fb.batch_size
         rows = None if whole else to_device(torch.tensor(
             [r for i in group for r in range(starts[i], starts[i] + lens[i])]), req_to_token.device)
@@ -152,6 +156,8 @@ def _windowed(fb: ForwardBatch, req_to_token: torch.Tensor, c_decode: bool,
         prefix_lens = [fb.prefix_lens[i] for i in group]
         if group is decode:
             calls.append(_window_decode_call(rows, req_to_token, req_rows, prefix_lens, window))
+        elif group is long:
+            calls.append(ExtendCall.build(rows, req_to_token, req_rows, prefix_lens, [lens[i] for i in group], window))
         else:
             calls.append(window_sdpa_call(rows, req_to_token, req_rows, prefix_lens, [lens[i] for i in group], window))
     return calls
@@ -287,7 +293,7 @@ def _run(q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, call: 
          scale: float) -> torch.Tensor:  # [n, H * D]
     if isinstance(call, ExtendCall):
         return c_extend.extend_attention_bf16(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
-                                              call.prefix_lens, call.extend_lens, scale)
+                                              call.prefix_lens, call.extend_lens, scale, call.window)
     if isinstance(call, DecodeCall) and call.shared is not None:
         return c_attention.shared_prefix_decode_attention(q, k_buffer, v_buffer, call.req_to_token, call.req_rows,
                                                             call.seq_lens, call.shared, scale)
