@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -16,9 +18,12 @@ class Sampler:
 
     "auto" resolves to "triton" on CUDA devices (when Triton imports) and to "torch" elsewhere.
     "triton" on a CPU device only works under TRITON_INTERPRET=1 (the kernel tests use that).
+    `argmax` ([B, V] -> [B] int64, the first of equal maxima): the torch path's greedy choice, for a
+    faster kernel than torch's (the runtime passes its C one on CPU); default torch's.
     """
 
-    def __init__(self, backend: Backend = "auto", device: torch.device | str = "cpu") -> None:
+    def __init__(self, backend: Backend = "auto", device: torch.device | str = "cpu",
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"sampling backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         self.device = torch.device(device)
@@ -30,7 +35,7 @@ class Sampler:
 
             self._impl = triton_sample
         else:
-            self._impl = sample
+            self._impl = sample if argmax is None else functools.partial(sample, argmax=argmax)
 
     def __call__(
         self, logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None

@@ -19,6 +19,7 @@ One step of sampling, for logits [B, V]:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -295,11 +296,13 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:  # [B] int64
     return logits.max(-1).indices
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None) -> SampleOutput:
-    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None,
+           argmax: Callable[[torch.Tensor], torch.Tensor] = greedy_tokens) -> SampleOutput:
+    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None; `argmax`:
+    greedy rows' choice, [B, V] -> [B] int64, the first of equal maxima (default: torch's)."""
     logits = process_logits(logits, batch, bitmask)  # [B, V]
     if batch.all_greedy:
-        tokens = greedy_tokens(logits)  # [B]
+        tokens = argmax(logits)  # [B]
     else:
         x = logits * batch.inv_temperatures[:, None]  # [B, V]
         x_max = x.amax(-1)  # [B]
@@ -309,7 +312,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | N
             weights.masked_fill_(x < threshold[:, None], 0.0)
         tokens = inverse_cdf(weights, counter_uniform(batch.seeds, batch.steps))
         if batch.any_greedy:
-            tokens = torch.where(batch.greedy_rows, greedy_tokens(logits), tokens)
+            tokens = torch.where(batch.greedy_rows, argmax(logits), tokens)
     return finish_output(tokens, logits, batch)
 
 

@@ -30,6 +30,7 @@ from radixgen.common.transfer import to_device
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.executor.sampling_rows import SamplingRows
+from radixgen.runtime.kernels.argmax import argmax_rows
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.threads import torch_threads_on_this_thread
 from radixgen.sampling.sampler import Sampler
@@ -58,7 +59,8 @@ class ModelWorker:
     def __init__(self, config: EngineConfig, runner: ModelRunner, eos_token_ids: set[int]) -> None:
         self.runner = runner
         self.eos_token_ids = sorted(eos_token_ids)
-        self.sampler = Sampler(config.sampling_backend, runner.device)
+        self.sampler = Sampler(config.sampling_backend, runner.device,
+                               argmax=argmax_rows if runner.device.type == "cpu" else None)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
         # rows up to which a pure-decode step keeps the one-call C path (None: the model has none); the
         # speculator keeps verifying steps within it

@@ -142,6 +142,10 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
                 const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype,
                 const float *q_norm, const float *k_norm, float eps, int nthreads);
 
+/* out[b] = the first position of row b's largest value, for x [B, V] float32 (argmax.c). 0, or -1 (bad
+ * sizes, memory). */
+int argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
+
 /* Every layer of a pure-decode step: h [tokens, hidden] updated in place (decode_layers.c). */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads);
 
