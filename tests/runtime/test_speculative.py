@@ -19,6 +19,7 @@ from radixgen.runtime.executor.sampling_rows import SamplingRows
 from radixgen.runtime.scheduler.batch import ScheduledBatch
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
+from radixgen.runtime.scheduler.speculator import StepCosts
 from radixgen.runtime.tokenizer import IncrementalDetokenizer
 from radixgen.sampling.params import SamplingParams
 
@@ -58,7 +59,12 @@ def test_greedy_equals_plain_alone_and_batched(engine, spec_engine):
     want = engine.generate(PROMPTS, GREEDY)  # (batched equals alone without drafts: test_engine.py)
     alone = [spec_engine.generate(p, GREEDY) for p in PROMPTS]
     spec_engine.flush_cache()
-    batched = spec_engine.generate(PROMPTS, GREEDY)
+    speculator = spec_engine.scheduler.speculator
+    learned, speculator.costs = speculator.costs, StepCosts(1e9, learn=False)  # rows cost nothing: draft what
+    try:  # is found (how many drafts a step's timing affords is not this test's: on a loaded VM, none)
+        batched = spec_engine.generate(PROMPTS, GREEDY)
+    finally:
+        speculator.costs = learned
     assert ids(alone) == ids(want)
     assert ids(batched) == ids(want)
     copy = alone[0]["meta_info"]  # most of the copy comes from drafts, alone and beside other requests
