@@ -89,6 +89,18 @@ def test_sliding_window_matches_naive(window):
     torch.testing.assert_close(out.view(q.shape[0], -1), want, rtol=0, atol=1e-2)
 
 
+def test_query_rows_read_in_place_from_fused_qkv_rows():
+    """q as the model passes it, the q part of [T, (H + 2 Hkv) D] rows: the same result as a copy."""
+    g = torch.Generator().manual_seed(3)
+    k_buf, v_buf = torch.randn(300, 2, 64, generator=g), torch.randn(300, 2, 64, generator=g)
+    table = torch.arange(300).view(1, 300).contiguous()
+    qkv = torch.randn(200, (8 + 2 * 2) * 64, generator=g)
+    q = qkv[:, : 8 * 64].view(200, 8, 64)
+    assert not q.is_contiguous()
+    args = (k_buf, v_buf, table, torch.tensor([0]), torch.tensor([50]), torch.tensor([200]), 0.125)
+    assert torch.equal(c_extend.extend_attention_bf16(q, *args), c_extend.extend_attention_bf16(q.contiguous(), *args))
+
+
 def test_each_request_is_independent_of_its_batch_mates():
     g = torch.Generator().manual_seed(7)
     k_buf, v_buf = torch.randn(600, 3, 64, generator=g), torch.randn(600, 3, 64, generator=g)

@@ -54,11 +54,13 @@ def extend_attention_bf16(
     if int(extend_lens.sum()) != t:
         raise ValueError(f"extend_attention_bf16: {t} query rows but the extends sum to {int(extend_lens.sum())}")
     lib = lib or ffi.library()
-    qf = q.float().contiguous()
+    # q's rows may be a strided view (the q part of fused qkv rows): read in place, not copied
+    in_place = q.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == d and q.stride(0) >= h * d
+    qf = q if in_place else q.float().contiguous()
     out = torch.empty((t, h, d), dtype=torch.float32)
     rows, prefix_lens, extend_lens = rows.contiguous(), prefix_lens.contiguous(), extend_lens.contiguous()
     rc = -1 if lib is None else lib.extend_attention_bf16(
-        qf.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
+        qf.data_ptr(), qf.stride(0), k_buffer.data_ptr(), v_buffer.data_ptr(), ffi.kv_dtype_code(k_buffer.dtype),
         req_to_token.data_ptr(), req_to_token.shape[1], rows.data_ptr(), prefix_lens.data_ptr(),
         extend_lens.data_ptr(), rows.numel(), h, k_buffer.shape[1], d, window or 0, scale, out.data_ptr(),
         ffi.kernel_threads(),

@@ -34,7 +34,8 @@
 #define MAX_G 16
 
 typedef struct {
-    const float *q;  /* [T, H, D]: the requests' rows in order */
+    const float *q;  /* [T, H, D]: the requests' rows in order, rows q_stride floats apart */
+    int64_t q_stride;
     const void *k_buf, *v_buf;
     int kv;
     const int64_t *req_to_token, *rows, *prefix_lens, *extend_lens;
@@ -176,7 +177,7 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
                 memset(qp + r * DP, 0, sizeof(uint32_t) * (size_t)DP);
                 continue;
             }
-            const float *qr = j->q + ((j->q_first[b] + t0 + r / G) * H + hkv * G + r % G) * D;
+            const float *qr = j->q + (j->q_first[b] + t0 + r / G) * j->q_stride + (hkv * G + r % G) * D;
             for (int64_t p = 0; p < DP; p++)
                 qp[r * DP + p] = rg_float_to_bf16(qr[2 * p] * j->scale) |
                                  (uint32_t)rg_float_to_bf16(qr[2 * p + 1] * j->scale) << 16;
@@ -229,12 +230,12 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
 
 int extend_attention_bf16_available(void) { return 1; }
 
-int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
-                          int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
-                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                          float scale, float *out, int nthreads) {
+int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, const void *v_buf, int kv,
+                          const int64_t *req_to_token, int64_t table_stride, const int64_t *rows,
+                          const int64_t *prefix_lens, const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t D, int64_t window, float scale, float *out, int nthreads) {
     if (B < 1 || Hkv <= 0 || H % Hkv != 0 || H / Hkv > MAX_G || D % 16 != 0 || D > MAX_D || window < 0 ||
-        nthreads < 1 || kv == RG_KV_I8)
+        q_stride < H * D || nthreads < 1 || kv == RG_KV_I8)
         return -1;
     int64_t words = 0, pack_items_n = 0, attend_items_n = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -262,7 +263,7 @@ int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, 
     }
     pack_items_first[B] = pack_items_n;
     attend_first[B] = attend_items_n;
-    extend_job job = {q, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
+    extend_job job = {q, q_stride, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
                       window, scale, q_first, pack_first, key_base, pack_items_first, (uint32_t *)(mem + map_bytes),
                       out};
     rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
@@ -273,11 +274,11 @@ int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, 
 #else
 int extend_attention_bf16_available(void) { return 0; }
 
-int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv, const int64_t *req_to_token,
-                          int64_t table_stride, const int64_t *rows, const int64_t *prefix_lens,
-                          const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv, int64_t D, int64_t window,
-                          float scale, float *out, int nthreads) {
-    (void)window, (void)q, (void)k_buf, (void)v_buf, (void)kv, (void)req_to_token, (void)table_stride, (void)rows;
+int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, const void *v_buf, int kv,
+                          const int64_t *req_to_token, int64_t table_stride, const int64_t *rows,
+                          const int64_t *prefix_lens, const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv,
+                          int64_t D, int64_t window, float scale, float *out, int nthreads) {
+    (void)q_stride, (void)window, (void)q, (void)k_buf, (void)v_buf, (void)kv, (void)req_to_token, (void)table_stride, (void)rows;
     (void)prefix_lens, (void)extend_lens, (void)B, (void)H, (void)Hkv, (void)D, (void)scale, (void)out, (void)nthreads;
     return -1;
 }

@@ -114,11 +114,11 @@ int shared_prefix_attention(const float *q, const void *k_buf, const void *v_buf
                             const float *lse_own, int nthreads);
 
 /* Prompt attention in bfloat16 for B requests (extend_attention.c): q, out float [T, H, D], the
- * requests' new rows in order; request b's keys are slots req_to_token[rows[b] * table_stride + 0 ..
+ * requests' new rows in order (q's rows q_stride floats apart, e.g. the q part of fused qkv rows); request b's keys are slots req_to_token[rows[b] * table_stride + 0 ..
  * prefix_lens[b] + extend_lens[b]), its new keys already stored; window > 0: each query sees only the
  * `window` latest keys up to itself. 0, or -1 (no AVX512-BF16 in this build, int8 K/V, bad sizes,
  * memory). */
-int extend_attention_bf16(const float *q, const void *k_buf, const void *v_buf, int kv_dtype,
+int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, const void *v_buf, int kv_dtype,
                           const int64_t *req_to_token, int64_t table_stride, const int64_t *rows,
                           const int64_t *prefix_lens, const int64_t *extend_lens, int64_t B, int64_t H, int64_t Hkv,
                           int64_t D, int64_t window, float scale, float *out, int nthreads);
