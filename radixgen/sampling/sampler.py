@@ -8,7 +8,7 @@ from typing import Literal
 
 import torch
 
-from radixgen.sampling.torch_ops import SampleOutput, SamplingBatch, sample
+from radixgen.sampling.torch_ops import Draw, SampleOutput, SamplingBatch, sample
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -18,12 +18,13 @@ class Sampler:
 
     "auto" resolves to "triton" on CUDA devices (when Triton imports) and to "torch" elsewhere.
     "triton" on a CPU device only works under TRITON_INTERPRET=1 (the kernel tests use that).
-    `argmax` ([B, V] -> [B] int64, the first of equal maxima): the torch path's greedy choice, for a
-    faster kernel than torch's (the runtime passes its C one on CPU); default torch's.
+    `argmax` ([B, V] -> [B] int64, the first of equal maxima) and `draw` (processed logits and the batch
+    -> [B] int64 tokens, or None to fall back): the torch path's greedy choice and draw, for faster
+    kernels than torch's (the runtime passes its C ones on CPU); default torch's.
     """
 
     def __init__(self, backend: Backend = "auto", device: torch.device | str = "cpu",
-                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None, draw: Draw | None = None) -> None:
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"sampling backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         self.device = torch.device(device)
@@ -35,7 +36,8 @@ class Sampler:
 
             self._impl = triton_sample
         else:
-            self._impl = sample if argmax is None else functools.partial(sample, argmax=argmax)
+            kernels = {k: f for k, f in (("argmax", argmax), ("draw", draw)) if f is not None}
+            self._impl = functools.partial(sample, **kernels) if kernels else sample
 
     def __call__(
         self, logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None

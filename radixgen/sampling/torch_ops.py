@@ -296,21 +296,33 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:  # [B] int64
     return logits.max(-1).indices
 
 
+Draw = Callable[[torch.Tensor, SamplingBatch], torch.Tensor | None]  # processed logits, batch -> [B] tokens or None
+
+
+def draw_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # [B] int64
+    """Each row's token drawn from processed logits [B, V]: temperature, top-k / top-p / min-p cuts,
+    then the inverse CDF at the row's counter-based uniform (greedy rows' draws are not used)."""
+    x = logits * batch.inv_temperatures[:, None]  # [B, V]
+    x_max = x.amax(-1)  # [B]
+    weights = torch.sub(x, x_max[:, None]).exp_()  # [B, V]
+    threshold = truncation_threshold(x, weights, x_max, batch)
+    if threshold is not None:
+        weights.masked_fill_(x < threshold[:, None], 0.0)
+    return inverse_cdf(weights, counter_uniform(batch.seeds, batch.steps))
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None,
-           argmax: Callable[[torch.Tensor], torch.Tensor] = greedy_tokens) -> SampleOutput:
-    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None; `argmax`:
-    greedy rows' choice, [B, V] -> [B] int64, the first of equal maxima (default: torch's)."""
+           argmax: Callable[[torch.Tensor], torch.Tensor] = greedy_tokens, draw: Draw | None = None) -> SampleOutput:
+    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None. `argmax`:
+    greedy rows' choice, [B, V] -> [B] int64, the first of equal maxima (default: torch's); `draw`: the
+    other rows', as `draw_tokens` (default: it), returning None where it cannot run."""
     logits = process_logits(logits, batch, bitmask)  # [B, V]
     if batch.all_greedy:
         tokens = argmax(logits)  # [B]
     else:
-        x = logits * batch.inv_temperatures[:, None]  # [B, V]
-        x_max = x.amax(-1)  # [B]
-        weights = torch.sub(x, x_max[:, None]).exp_()  # [B, V]
-        threshold = truncation_threshold(x, weights, x_max, batch)
-        if threshold is not None:
-            weights.masked_fill_(x < threshold[:, None], 0.0)
-        tokens = inverse_cdf(weights, counter_uniform(batch.seeds, batch.steps))
+        tokens = draw(logits, batch) if draw is not None else None
+        if tokens is None:
+            tokens = draw_tokens(logits, batch)
         if batch.any_greedy:
             tokens = torch.where(batch.greedy_rows, argmax(logits), tokens)
     return finish_output(tokens, logits, batch)

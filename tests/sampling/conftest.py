@@ -1,4 +1,4 @@
-"""Sampling tests run the Triton kernel on CPU through Triton's interpreter.
+"""Sampling tests run the Triton kernel on CPU through Triton's interpreter, and the C argmax and draw.
 
 TRITON_INTERPRET is read when a kernel is decorated, so it must be set before
 `radixgen.sampling.triton_kernels` is imported: here, at conftest import time.
@@ -10,14 +10,21 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import functools  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from radixgen.runtime.kernels import ffi  # noqa: E402
+from radixgen.runtime.kernels.argmax import argmax_rows  # noqa: E402
+from radixgen.runtime.kernels.sample_draw import draw_rows  # noqa: E402
 from radixgen.sampling import sample  # noqa: E402
 from radixgen.sampling.triton_kernels import triton_sample  # noqa: E402
 
 BACKENDS = {"torch": sample, "triton": triton_sample}
+if ffi.library() is not None:  # the torch path with the C argmax and draw the CPU worker hands it
+    BACKENDS["c_kernels"] = functools.partial(sample, argmax=argmax_rows, draw=draw_rows)
 
 
 @pytest.fixture(params=sorted(BACKENDS))

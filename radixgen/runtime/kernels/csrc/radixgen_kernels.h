@@ -146,6 +146,12 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
  * sizes, memory). */
 int argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 
+/* out[b] = the token drawn from row b of logits [B, V] (processed) at temperature 1 / inv_temp[b], cut to
+ * its top_k[b] (>= V: none), top_p[b] (1: none) and min_p (log_min_p[b]; -inf: none), by the uniform
+ * u[b] (sample_draw.c). 0, or -1 (bad sizes, memory). */
+int sample_draw(const float *logits, int64_t B, int64_t V, const float *inv_temp, const int64_t *top_k,
+                const float *top_p, const float *log_min_p, const float *u, int64_t *out, int nthreads);
+
 /* Every layer of a pure-decode step: h [tokens, hidden] updated in place (decode_layers.c). */
 int decode_layers(const rg_layer *layers, int64_t n_layers, float *h, const rg_decode_step *step, int nthreads);
 

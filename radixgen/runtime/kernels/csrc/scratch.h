@@ -13,6 +13,7 @@ enum {
     RG_SCRATCH_STEP,         /* decode_layers: the step's activations */
     RG_SCRATCH_EXTEND,       /* extend_attention_bf16: the packed K/V and work maps */
     RG_SCRATCH_ARGMAX,       /* argmax_rows: each chunk's largest value and its position */
+    RG_SCRATCH_DRAW,         /* sample_draw: each thread's scaled logits, weights and candidates */
     RG_SCRATCH_SLOTS
 };
 
