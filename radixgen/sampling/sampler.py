@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 
-from radixgen.sampling.torch_ops import Draw, SampleOutput, SamplingBatch, sample
+from radixgen.sampling.torch_ops import SampleOutput, SamplerKernels, SamplingBatch, sample
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -18,13 +17,12 @@ class Sampler:
 
     "auto" resolves to "triton" on CUDA devices (when Triton imports) and to "torch" elsewhere.
     "triton" on a CPU device only works under TRITON_INTERPRET=1 (the kernel tests use that).
-    `argmax` ([B, V] -> [B] int64, the first of equal maxima) and `draw` (processed logits and the batch
-    -> [B] int64 tokens, or None to fall back): the torch path's greedy choice and draw, for faster
-    kernels than torch's (the runtime passes its C ones on CPU); default torch's.
+    `kernels`: faster stand-ins for steps of the torch path (the runtime passes its C ones on CPU:
+    the bitmask, the greedy argmax and the seeded draw); default torch's own.
     """
 
     def __init__(self, backend: Backend = "auto", device: torch.device | str = "cpu",
-                 argmax: Callable[[torch.Tensor], torch.Tensor] | None = None, draw: Draw | None = None) -> None:
+                 kernels: SamplerKernels | None = None) -> None:
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"sampling backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         self.device = torch.device(device)
@@ -36,8 +34,7 @@ class Sampler:
 
             self._impl = triton_sample
         else:
-            kernels = {k: f for k, f in (("argmax", argmax), ("draw", draw)) if f is not None}
-            self._impl = functools.partial(sample, **kernels) if kernels else sample
+            self._impl = functools.partial(sample, kernels=kernels) if kernels is not None else sample
 
     def __call__(
         self, logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None

@@ -211,17 +211,18 @@ def apply_penalties_(
 
 
 def process_logits(
-    logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None
+    logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None,
+    apply_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = apply_token_bitmask_,
 ) -> torch.Tensor:
-    """Bitmask, logit bias, penalties, min-new-tokens ban. Returns a new tensor when anything
-    applies, else `logits` itself (never modified)."""
+    """Bitmask (by `apply_mask`, default `apply_token_bitmask_`), logit bias, penalties, min-new-tokens
+    ban. Returns a new tensor when anything applies, else `logits` itself (never modified)."""
     if bitmask is None and batch.logit_bias is None and not batch.need_penalties and (
         batch.min_tokens_ban is None
     ):
         return logits
     out = logits.to(torch.float32, copy=True)  # [B, V]
     if bitmask is not None:
-        apply_token_bitmask_(out, bitmask)
+        apply_mask(out, bitmask)
     if batch.logit_bias is not None:
         out += batch.logit_bias
     if batch.need_penalties:
@@ -299,6 +300,16 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:  # [B] int64
 Draw = Callable[[torch.Tensor, SamplingBatch], torch.Tensor | None]  # processed logits, batch -> [B] tokens or None
 
 
+@dataclass(frozen=True)
+class SamplerKernels:
+    """Faster stand-ins for steps of the torch sampler, which the runtime passes on CPU; each computes
+    what the step it replaces computes (None: torch's own step)."""
+
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None  # [B, V] -> [B] int64, first of equal maxima
+    draw: Draw | None = None  # as `draw_tokens`, or None where it cannot run
+    apply_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # as `apply_token_bitmask_`
+
+
 def draw_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # [B] int64
     """Each row's token drawn from processed logits [B, V]: temperature, top-k / top-p / min-p cuts,
     then the inverse CDF at the row's counter-based uniform (greedy rows' draws are not used)."""
@@ -312,15 +323,16 @@ def draw_tokens(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:  # 
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, bitmask: torch.Tensor | None = None,
-           argmax: Callable[[torch.Tensor], torch.Tensor] = greedy_tokens, draw: Draw | None = None) -> SampleOutput:
-    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None. `argmax`:
-    greedy rows' choice, [B, V] -> [B] int64, the first of equal maxima (default: torch's); `draw`: the
-    other rows', as `draw_tokens` (default: it), returning None where it cannot run."""
-    logits = process_logits(logits, batch, bitmask)  # [B, V]
+           kernels: SamplerKernels | None = None) -> SampleOutput:
+    """Sample one token per row. logits [B, V] float32; bitmask int32 [B, ceil(V/32)] or None;
+    `kernels`: faster stand-ins for some steps (default: torch's own)."""
+    k = kernels or SamplerKernels()
+    argmax = k.argmax or greedy_tokens
+    logits = process_logits(logits, batch, bitmask, k.apply_mask or apply_token_bitmask_)  # [B, V]
     if batch.all_greedy:
         tokens = argmax(logits)  # [B]
     else:
-        tokens = draw(logits, batch) if draw is not None else None
+        tokens = k.draw(logits, batch) if k.draw is not None else None
         if tokens is None:
             tokens = draw_tokens(logits, batch)
         if batch.any_greedy:

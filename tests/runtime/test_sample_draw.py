@@ -14,6 +14,7 @@ import torch
 from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels.sample_draw import draw_rows
 from radixgen.sampling import SamplingBatch, SamplingParams, sample
+from radixgen.sampling.torch_ops import SamplerKernels
 from tests.sampling.conftest import _pack_bitmask
 from tests.sampling.test_triton_kernels import _mixed_batch
 
@@ -30,7 +31,7 @@ def lib(request):
 def test_mixed_batch_draws_equal_torch(lib):
     logits, batch, bitmask = _mixed_batch(300, 257, seed=0, pack_bitmask=_pack_bitmask)
     ref = sample(logits, batch, bitmask).next_token_ids
-    ours = sample(logits, batch, bitmask, draw=functools.partial(draw_rows, lib=lib)).next_token_ids
+    ours = sample(logits, batch, bitmask, SamplerKernels(draw=functools.partial(draw_rows, lib=lib))).next_token_ids
     # the same uniforms and cuts: tokens agree except where a float-rounding tie sits on a cut or the CDF
     assert (ours == ref).float().mean().item() >= 0.99
 

@@ -32,10 +32,11 @@ from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.executor.sampling_rows import SamplingRows
 from radixgen.runtime.kernels.argmax import argmax_rows
 from radixgen.runtime.kernels.sample_draw import draw_rows
+from radixgen.runtime.kernels.token_bitmask import apply_bitmask
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.threads import torch_threads_on_this_thread
 from radixgen.sampling.sampler import Sampler
-from radixgen.sampling.torch_ops import SamplingBatch
+from radixgen.sampling.torch_ops import SamplerKernels, SamplingBatch
 
 
 def _top_list(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[float, int]]]:
@@ -60,9 +61,9 @@ class ModelWorker:
     def __init__(self, config: EngineConfig, runner: ModelRunner, eos_token_ids: set[int]) -> None:
         self.runner = runner
         self.eos_token_ids = sorted(eos_token_ids)
-        on_cpu = runner.device.type == "cpu"  # greedy argmax and seeded draws in C there
-        self.sampler = Sampler(config.sampling_backend, runner.device, argmax=argmax_rows if on_cpu else None,
-                               draw=draw_rows if on_cpu else None)
+        kernels = SamplerKernels(argmax_rows, draw_rows, apply_bitmask)  # the torch sampler's steps in C on CPU
+        self.sampler = Sampler(config.sampling_backend, runner.device,
+                               kernels=kernels if runner.device.type == "cpu" else None)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
         # rows up to which a pure-decode step keeps the one-call C path (None: the model has none); the
         # speculator keeps verifying steps within it

@@ -146,6 +146,10 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
  * sizes, memory). */
 int argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads);
 
+/* In place: logits [B, V] = -inf where bit t % 32 of bitmask[b * W + t / 32] is 0, W >= ceil(V / 32)
+ * (bitmask.c). 0, or -1 (bad sizes). */
+int apply_bitmask(float *logits, const int32_t *bitmask, int64_t B, int64_t V, int64_t W, int nthreads);
+
 /* out[b] = the token drawn from row b of logits [B, V] (processed) at temperature 1 / inv_temp[b], cut to
  * its top_k[b] (>= V: none), top_p[b] (1: none) and min_p (log_min_p[b]; -inf: none), by the uniform
  * u[b] (sample_draw.c). 0, or -1 (bad sizes, memory). */
