@@ -32,11 +32,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from radixgen.runtime.kernels import ffi  # noqa: E402
-from radixgen.runtime.kernels.argmax import argmax_rows  # noqa: E402
-from radixgen.runtime.kernels.sample_draw import draw_rows  # noqa: E402
-from radixgen.runtime.kernels.token_bitmask import apply_bitmask  # noqa: E402
+from radixgen.runtime.kernels.sampler_kernels import cpu_sampler_kernels  # noqa: E402
 from radixgen.sampling import SamplingBatch, SamplingParams, sample  # noqa: E402
-from radixgen.sampling.torch_ops import SamplerKernels  # noqa: E402
 
 BATCHES = (1, 32, 256)
 VOCABS = (49152, 151936, 262144)
@@ -72,7 +69,7 @@ def main() -> None:
 
         peer, peer_name = triton_sample, "triton"
     elif ffi.library() is not None:
-        peer, peer_name = partial(sample, kernels=SamplerKernels(argmax_rows, draw_rows, apply_bitmask)), "c"
+        peer, peer_name = partial(sample, kernels=cpu_sampler_kernels()), "c"
     gen = torch.Generator(device=device).manual_seed(0)
     ratios = []
     for V in VOCABS:

@@ -109,6 +109,16 @@ def smollm2_path() -> Path:
     return default_model_path()
 
 
+@pytest.fixture(params=["native", "scalar"])
+def kernel_build(request):
+    """Each test using this runs on the native kernel library and on the scalar reference build."""
+    from radixgen.runtime.kernels import ffi
+
+    lib = ffi.load(request.param)
+    assert lib is not None, f"the {request.param} kernel build failed"
+    return lib
+
+
 @pytest.fixture(autouse=True)
 def _restore_thread_counts():
     """Put back torch's and the C kernels' thread counts a test changed (an Engine with `num_threads` sets

@@ -185,12 +185,18 @@ def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / 8388608.0)
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """In place: logits[b, t] = -inf where bit t % 32 of bitmask[b, t // 32] is 0.
-    logits [B, V] float, bitmask [B, W] int32 with W >= ceil(V / 32). Returns logits."""
+def check_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Raise unless bitmask is [B, W >= ceil(V / 32)] for logits [B, V]."""
     B, V = logits.shape
     if bitmask.dim() != 2 or bitmask.shape[0] != B or bitmask.shape[1] * 32 < V:
         raise ValueError(f"bitmask must be int32 [{B}, >= {(V + 31) // 32}], got {tuple(bitmask.shape)}")
+
+
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """In place: logits[b, t] = -inf where bit t % 32 of bitmask[b, t // 32] is 0.
+    logits [B, V] float, bitmask [B, W] int32 with W >= ceil(V / 32). Returns logits."""
+    check_bitmask(logits, bitmask)
+    B, V = logits.shape
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
     allowed = ((bitmask.to(torch.int32)[:, :, None] >> shifts) & 1).view(B, -1)[:, :V]  # [B, V]
     return logits.masked_fill_(allowed == 0, NEG_INF)

@@ -21,36 +21,30 @@ from tests.sampling.test_triton_kernels import _mixed_batch
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(params=["native", "scalar"])
-def lib(request):
-    lib = ffi.load(request.param)
-    assert lib is not None
-    return lib
-
-
-def test_mixed_batch_draws_equal_torch(lib):
+def test_mixed_batch_draws_equal_torch(kernel_build):
     logits, batch, bitmask = _mixed_batch(300, 257, seed=0, pack_bitmask=_pack_bitmask)
     ref = sample(logits, batch, bitmask).next_token_ids
-    ours = sample(logits, batch, bitmask, SamplerKernels(draw=functools.partial(draw_rows, lib=lib))).next_token_ids
+    kernels = SamplerKernels(draw=functools.partial(draw_rows, lib=kernel_build))
+    ours = sample(logits, batch, bitmask, kernels).next_token_ids
     # the same uniforms and cuts: tokens agree except where a float-rounding tie sits on a cut or the CDF
     assert (ours == ref).float().mean().item() >= 0.99
 
 
 @pytest.mark.parametrize("params", [dict(temperature=1.0, top_p=0.95), dict(temperature=0.7, top_k=64, top_p=0.9),
                                     dict(temperature=1.3, min_p=0.05), dict(temperature=0.8)])
-def test_large_vocabulary_rows_equal_torch(lib, params):
+def test_large_vocabulary_rows_equal_torch(kernel_build, params):
     """Gemma's vocabulary, logits of std 1: a top-p nucleus of tens of thousands of tokens."""
     g = torch.Generator().manual_seed(0)
     rows, vocab = 24, 262144
     logits = torch.randn(rows, vocab, generator=g)
     p = SamplingParams(**params)
     batch = SamplingBatch.build([p] * rows, [[]] * rows, list(range(rows)), vocab, [], "cpu")
-    ours = draw_rows(logits, batch, lib)
+    ours = draw_rows(logits, batch, kernel_build)
     ref = sample(logits, batch).next_token_ids
     assert (ours == ref).sum().item() >= rows - 1  # seen: all equal
 
 
-def test_cuts_keep_ties_and_masked_rows_draw_their_one_token(lib):
+def test_cuts_keep_ties_and_masked_rows_draw_their_one_token(kernel_build):
     logits = torch.full((3, 1000), float("-inf"))
     logits[0, [10, 20, 30]] = 1.0  # three equal best tokens: top-k 2 keeps all three (ties kept)
     logits[1, 777] = 0.0  # a grammar left one token
@@ -60,7 +54,7 @@ def test_cuts_keep_ties_and_masked_rows_draw_their_one_token(lib):
     seen: list[set[int]] = [set(), set(), set()]
     for seed in range(60):
         batch = SamplingBatch.build(params, [[]] * 3, [seed] * 3, 1000, [], "cpu")
-        ours = draw_rows(logits, batch, lib)
+        ours = draw_rows(logits, batch, kernel_build)
         assert torch.equal(ours, sample(logits, batch).next_token_ids)
         for r in range(3):
             seen[r].add(int(ours[r]))

@@ -14,15 +14,8 @@ from radixgen.sampling.torch_ops import apply_token_bitmask_
 pytestmark = pytest.mark.skipif(ffi.library() is None, reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(params=["native", "scalar"])
-def lib(request):
-    lib = ffi.load(request.param)
-    assert lib is not None
-    return lib
-
-
 @pytest.mark.parametrize("rows,vocab,extra_words", [(1, 262144, 0), (3, 49152 + 17, 0), (2, 100, 3), (4, 31, 0)])
-def test_bitmask_matches_torch(lib, rows, vocab, extra_words):
+def test_bitmask_matches_torch(kernel_build, rows, vocab, extra_words):
     g = torch.Generator().manual_seed(vocab)
     words = (vocab + 31) // 32 + extra_words
     bits = torch.randint(-(2**31), 2**31, (rows, words), generator=g, dtype=torch.int64).to(torch.int32)  # mixed
@@ -31,7 +24,7 @@ def test_bitmask_matches_torch(lib, rows, vocab, extra_words):
     bits[kind == 1] = 0  # none
     logits = torch.randn(rows, vocab, generator=g)
     want = apply_token_bitmask_(logits.clone(), bits)
-    assert torch.equal(apply_bitmask(logits.clone(), bits, lib), want)
+    assert torch.equal(apply_bitmask(logits.clone(), bits, kernel_build), want)
 
 
 def test_bad_masks_are_refused():

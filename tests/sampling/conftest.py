@@ -17,16 +17,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from radixgen.runtime.kernels import ffi  # noqa: E402
-from radixgen.runtime.kernels.argmax import argmax_rows  # noqa: E402
-from radixgen.runtime.kernels.sample_draw import draw_rows  # noqa: E402
-from radixgen.runtime.kernels.token_bitmask import apply_bitmask  # noqa: E402
+from radixgen.runtime.kernels.sampler_kernels import cpu_sampler_kernels  # noqa: E402
 from radixgen.sampling import sample  # noqa: E402
-from radixgen.sampling.torch_ops import SamplerKernels  # noqa: E402
 from radixgen.sampling.triton_kernels import triton_sample  # noqa: E402
 
 BACKENDS = {"torch": sample, "triton": triton_sample}
 if ffi.library() is not None:  # the torch path with the C steps the CPU worker hands it
-    BACKENDS["c_kernels"] = functools.partial(sample, kernels=SamplerKernels(argmax_rows, draw_rows, apply_bitmask))
+    BACKENDS["c_kernels"] = functools.partial(sample, kernels=cpu_sampler_kernels())
 
 
 @pytest.fixture(params=sorted(BACKENDS))

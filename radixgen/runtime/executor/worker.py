@@ -30,13 +30,11 @@ from radixgen.common.transfer import to_device
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.model_runner import ModelRunner
 from radixgen.runtime.executor.sampling_rows import SamplingRows
-from radixgen.runtime.kernels.argmax import argmax_rows
-from radixgen.runtime.kernels.sample_draw import draw_rows
-from radixgen.runtime.kernels.token_bitmask import apply_bitmask
+from radixgen.runtime.kernels.sampler_kernels import cpu_sampler_kernels
 from radixgen.runtime.scheduler.batch import ScheduledBatch, StepOutput
 from radixgen.runtime.threads import torch_threads_on_this_thread
 from radixgen.sampling.sampler import Sampler
-from radixgen.sampling.torch_ops import SamplerKernels, SamplingBatch
+from radixgen.sampling.torch_ops import SamplingBatch
 
 
 def _top_list(values: torch.Tensor, ids: torch.Tensor) -> list[list[tuple[float, int]]]:
@@ -61,9 +59,8 @@ class ModelWorker:
     def __init__(self, config: EngineConfig, runner: ModelRunner, eos_token_ids: set[int]) -> None:
         self.runner = runner
         self.eos_token_ids = sorted(eos_token_ids)
-        kernels = SamplerKernels(argmax_rows, draw_rows, apply_bitmask)  # the torch sampler's steps in C on CPU
-        self.sampler = Sampler(config.sampling_backend, runner.device,
-                               kernels=kernels if runner.device.type == "cpu" else None)
+        self.sampler = Sampler(config.sampling_backend, runner.device,  # on CPU some of its steps in C
+                               kernels=cpu_sampler_kernels() if runner.device.type == "cpu" else None)
         self._last_ids: torch.Tensor | None = None  # [S] tokens sampled by the previous batch
         # rows up to which a pure-decode step keeps the one-call C path (None: the model has none); the
         # speculator keeps verifying steps within it

@@ -10,7 +10,7 @@ import ctypes
 import torch
 
 from radixgen.runtime.kernels import ffi
-from radixgen.sampling.torch_ops import apply_token_bitmask_
+from radixgen.sampling.torch_ops import apply_token_bitmask_, check_bitmask
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
@@ -22,8 +22,7 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, lib: ctypes.CDLL 
     if (lib is None or logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous()
             or bitmask.dtype != torch.int32 or bitmask.device.type != "cpu" or b == 0):
         return apply_token_bitmask_(logits, bitmask)
-    if bitmask.dim() != 2 or bitmask.shape[0] != b or bitmask.shape[1] * 32 < v:
-        raise ValueError(f"bitmask must be int32 [{b}, >= {(v + 31) // 32}], got {tuple(bitmask.shape)}")
+    check_bitmask(logits, bitmask)
     words = bitmask.contiguous()
     if lib.apply_bitmask(logits.data_ptr(), words.data_ptr(), b, v, words.shape[1], ffi.kernel_threads()) != 0:
         raise RuntimeError("apply_bitmask failed")

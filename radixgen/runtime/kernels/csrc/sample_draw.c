@@ -38,7 +38,7 @@ static inline uint32_t key_of(float f) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-/* The largest key K among xs's keys >= floor such that the count (w NULL) or mass (w) of keys >= K,
+/* The largest key K among keys >= floor such that the count (w NULL) or mass (w) of keys >= K,
  * walked from the top, first reaches `target`; the smallest such key when it never does. cand:
  * scratch for V indices. */
 static uint32_t select_key(const uint32_t *keys, const float *w, int64_t V, uint32_t floor, double target,
