@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from radixgen.common.exit_hooks import ENGINES, at_exit
+from radixgen.common.heap import release_free_memory
 from radixgen.grammar import GrammarCache, make_router, spec_from_params
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.device import check_device
@@ -28,7 +29,6 @@ from radixgen.runtime.observability.observer import Observer
 from radixgen.runtime.scheduler.kv_manager import KVManager
 from radixgen.runtime.scheduler.request import Req
 from radixgen.runtime.scheduler.scheduler import Scheduler
-from radixgen.runtime.server.memory import release_free_memory
 from radixgen.runtime.threads import on_short_lived_thread
 from radixgen.runtime.tokenizer import IncrementalDetokenizer, load_tokenizer
 from radixgen.sampling.params import SamplingParams

@@ -2,19 +2,18 @@
 
 glibc's malloc keeps freed heap memory mapped for reuse, so the buffers of one huge request (its
 body, the parsed JSON, the tokenizer's work) stay in the process's RSS after they are freed.
-`malloc_trim(0)` returns the free pages; it is a glibc function, called through ctypes, and a no-op
-elsewhere (musl, macOS). `MemoryTrimmer` runs it on a thread after requests whose body passed a
-threshold, at most once per interval.
+`MemoryTrimmer` gives them back (`common/heap.py`'s malloc_trim) on a thread after requests whose
+body passed a threshold, at most once per interval.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import logging
 import threading
 import time
+
+from radixgen.common.heap import TRIM_AVAILABLE, release_free_memory
 
 logger = logging.getLogger("radixgen.server")
 LARGE_BODY_BYTES = 1 << 20  # requests with a body at least this large trigger a trim afterwards
@@ -31,27 +30,6 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
-def _libc_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
-    return fn
-
-
-_MALLOC_TRIM = _libc_malloc_trim()
-
-
-def release_free_memory() -> bool:
-    """Return free heap pages to the OS (glibc `malloc_trim(0)`); False where unavailable."""
-    if _MALLOC_TRIM is None:
-        return False
-    _MALLOC_TRIM(0)
-    return True
-
-
 class MemoryTrimmer:
     """Trims the heap on a short-lived thread after large requests, at most once per `interval` s."""
 
@@ -64,7 +42,7 @@ class MemoryTrimmer:
 
     def after_request(self, body_bytes: int) -> None:
         """Call when a request is done; trims soon if its body was large."""
-        if body_bytes < LARGE_BODY_BYTES or _MALLOC_TRIM is None:
+        if body_bytes < LARGE_BODY_BYTES or not TRIM_AVAILABLE:
             return
         with self._lock:
             if self._pending:
