@@ -19,16 +19,23 @@ compiles the most schemas (215 of 229) and fills masks fastest; outlines-core la
 regex-only DFA whose compile time grows with the automaton).
 
 Backends are built lazily, on the first spec that needs them (llguidance ~0.3 s, XGrammar ~1 s,
-outlines-core ~1 s for a 49k vocabulary).
+outlines-core ~1 s for a 49k vocabulary; llguidance ~2.5 s for Gemma 3's 262k), and their modules
+(and libraries: XGrammar's import takes ~0.15 s and 20 MB) imported only when a spec gets to them: a
+schema the first backend enforces and compiles loads no other. A build parses the vocabulary on a
+compile thread, whose heap glibc keeps after the parse's temporaries are freed (~0.3 GB for
+llguidance at 262k tokens): the router gives those pages back to the OS once the backend is built.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import replace
+from itertools import chain
 from typing import Any
 
+from radixgen.common.heap import release_free_memory
 from radixgen.grammar.base import CompiledGrammar, ConstraintSpec, Grammar, GrammarBackend, GrammarError
 from radixgen.grammar.keywords import COVERAGE
 
@@ -69,26 +76,30 @@ class GrammarRouter(GrammarBackend):
         return self.order[0]
 
     def backend(self, name: str) -> GrammarBackend:
-        """The backend called `name`, built on first use."""
+        """The backend called `name`, built on first use (then the heap its build freed is trimmed)."""
         with self._lock:
             if name not in self._backends:
                 from radixgen.grammar import make_backend
 
                 self._backends[name] = make_backend(name, self.tokenizer, self.vocab_size, **self._kwargs)
+                release_free_memory()
             return self._backends[name]
 
     def compile(self, spec: ConstraintSpec) -> CompiledGrammar:
         if spec.kind != "json_schema":
-            return self._first_that_compiles(spec, [n for n in self.order if self._takes(n, spec)])
+            return self._first_that_compiles(spec, (n for n in self.order if self._takes(n, spec)))
         schema = json.loads(spec.spec)
-        missing = {n: unenforced_warnings(n, schema) for n in self.order if self._takes(n, spec)}
-        exact = [n for n, m in missing.items() if not m]
+        warned = {n: unenforced_warnings(n, schema) for n in self.order}
+        # backends are imported (by `_takes`) only as far as the first exact one that compiles
+        exact = (n for n in self.order if not warned[n] and self._takes(n, spec))
         errors: list[GrammarError] = []
-        if exact:
+        first_exact = next(exact, None)
+        if first_exact is not None:
             try:
-                return self._first_that_compiles(spec, exact)
+                return self._first_that_compiles(spec, chain((first_exact,), exact))
             except GrammarError as e:
                 errors.append(e)
+        missing = {n: warned[n] for n in self.order if self._takes(n, spec)}
         if spec.strict:  # a compile error of an exact backend is the schema's own fault: report it
             from radixgen.grammar.schema import strict_violation
 
@@ -108,16 +119,16 @@ class GrammarRouter(GrammarBackend):
 
         return backend_class(name).unsupported(spec) is None
 
-    def _first_that_compiles(self, spec: ConstraintSpec, names: list[str]) -> CompiledGrammar:
-        if not names:
-            raise GrammarError(f"no grammar backend ({', '.join(self.order)}) supports {spec.kind} constraints "
-                               "in this form")
+    def _first_that_compiles(self, spec: ConstraintSpec, names: Iterable[str]) -> CompiledGrammar:
         first_error: GrammarError | None = None
         for name in names:
             try:
                 return self.backend(name).compile(spec)
             except GrammarError as e:
                 first_error = first_error or e
+        if first_error is None:
+            raise GrammarError(f"no grammar backend ({', '.join(self.order)}) supports {spec.kind} constraints "
+                               "in this form")
         raise first_error
 
     def matcher(self, compiled: CompiledGrammar, *, budget: int | None = None) -> Grammar:

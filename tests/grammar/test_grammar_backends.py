@@ -72,6 +72,24 @@ def test_structural_tag_tool_calls_llguidance(llg_backend, tok):
     assert llg_backend.unsupported(native) and llg_backend.unsupported(spec) is None
 
 
+def test_ll_tokenizer_is_the_one_from_tokenizer_builds(tok):
+    """`ll_tokenizer` (no copy of the HF tokenizer) gives llguidance the tokenizer its own helper does."""
+    import llguidance.hf
+
+    from radixgen.grammar.llguidance_backend import ll_tokenizer
+
+    eos = list(tok.eos_token_ids)
+    ours = ll_tokenizer(tok.hf, tok.vocab_size + 64, eos)
+    theirs = llguidance.hf.from_tokenizer(tok.hf, n_vocab=tok.vocab_size + 64, eos_token=eos)
+    assert (ours.vocab_size, ours.eos_tokens, ours.is_canonical) == \
+        (theirs.vocab_size, theirs.eos_tokens, theirs.is_canonical)
+    for tid in range(ours.vocab_size):
+        assert ours.decode_bytes([tid]) == theirs.decode_bytes([tid]), tid
+        assert ours.is_special_token(tid) == theirs.is_special_token(tid), tid
+    text = 'Hello, {"name": "Zoë", "n": 42}\n<|im_end|>'
+    assert ours.tokenize_str(text, parse_special=True) == theirs.tokenize_str(text, parse_special=True)
+
+
 @pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
 def test_json_object_is_any_json(name, xgr_backend, llg_backend, tok):
     backend = xgr_backend if name == "xgrammar" else llg_backend

@@ -143,6 +143,19 @@ def test_router_falls_back_by_kind_and_by_keyword(tok):
     assert xgrammar_first.order == ("xgrammar", "llguidance", "outlines")
 
 
+def test_router_loads_no_backend_past_the_one_that_compiles(tok, monkeypatch):
+    """A spec the first backend enforces and compiles imports (and builds) no other backend."""
+    import radixgen.grammar
+
+    asked: list[str] = []
+    real = radixgen.grammar.backend_class
+    monkeypatch.setattr(radixgen.grammar, "backend_class", lambda name: asked.append(name) or real(name))
+    router = make_router("llguidance", tok)
+    assert router.compile(json_schema_spec({"type": "integer", "minimum": 3})).backend == "llguidance"
+    assert router.compile(regex_spec("[a-z]{3}")).backend == "llguidance"
+    assert set(asked) == {"llguidance"} and set(router._backends) == {"llguidance"}
+
+
 def test_disjoint_one_of_is_enforced_overlapping_is_not():
     disjoint = json_schema_spec({"oneOf": [INT, {"type": "string"}]}, strict=True)
     assert '"anyOf"' in disjoint.spec and '"oneOf"' not in disjoint.spec
