@@ -60,7 +60,8 @@ typedef struct {
 
 _Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
 
-static void quantize_block(const float *x, xblock *out) {
+/* The first `limbs` limbs of one block (the others are left unset: no kernel reads them). */
+static void quantize_block(const float *x, int limbs, xblock *out) {
     float amax = 0.0f;
 #if defined(RG_AVX512)
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
@@ -112,7 +113,7 @@ static void quantize_block(const float *x, xblock *out) {
     out->s = amax / 127.0f;
 #if defined(RG_AVX512)
     __m512 r0 = _mm512_mul_ps(v0, _mm512_set1_ps(inv)), r1 = _mm512_mul_ps(v1, _mm512_set1_ps(inv));
-    for (int l = 0; l < LIMBS; l++) {
+    for (int l = 0; l < limbs; l++) {
         const __m512 q0 = _mm512_roundscale_ps(r0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 q1 = _mm512_roundscale_ps(r1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
@@ -124,7 +125,7 @@ static void quantize_block(const float *x, xblock *out) {
     }
 #elif defined(RG_AVX2)
     for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
-    for (int l = 0; l < LIMBS; l++) {
+    for (int l = 0; l < limbs; l++) {
         __m256i qs = _mm256_setzero_si256();
         __m256i q32[4];
         for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
@@ -143,7 +144,7 @@ static void quantize_block(const float *x, xblock *out) {
     }
 #elif defined(RG_NEON)
     for (int i = 0; i < 8; i++) v[i] = vmulq_n_f32(v[i], inv);
-    for (int l = 0; l < LIMBS; l++) {
+    for (int l = 0; l < limbs; l++) {
         int32x4_t qs = vdupq_n_s32(0);
         for (int i = 0; i < 8; i += 2) {  /* rounded to nearest even, as rintf */
             const float32x4_t q0 = vrndnq_f32(v[i]), q1 = vrndnq_f32(v[i + 1]);
@@ -158,7 +159,7 @@ static void quantize_block(const float *x, xblock *out) {
 #else
     float r[QK];
     for (int j = 0; j < QK; j++) r[j] = x[j] * inv;
-    for (int l = 0; l < LIMBS; l++) {
+    for (int l = 0; l < limbs; l++) {
         int32_t qs = 0;
         for (int j = 0; j < QK; j++) {
             const float q = rintf(r[j]);
@@ -174,6 +175,7 @@ static void quantize_block(const float *x, xblock *out) {
 typedef struct {
     const float *x;
     int64_t K;
+    int limbs;
     xblock *xq;
 } quantize_job;
 
@@ -182,12 +184,12 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
     const int64_t nb = j->K / QK;
     (void)tid;
     for (int64_t i = begin; i < end; i++)
-        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->xq + i * nb + b);
+        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->limbs, j->xq + i * nb + b);
 }
 
-/* xq [M][K / 32] blocks of x [M, K]. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, xblock *xq, int nthreads) {
-    quantize_job job = {x, K, xq};
+/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, xblock *xq, int nthreads) {
+    quantize_job job = {x, K, limbs, xq};
     rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
 }
 
@@ -598,7 +600,7 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(rows * nb));
     if (xq == NULL) return -1;
-    quantize_rows(x, M, k, xq, nthreads);
+    quantize_rows(x, M, k, limbs, xq, nthreads);
     memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
