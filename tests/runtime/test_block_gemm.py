@@ -15,6 +15,7 @@ from radixgen.runtime.kernels.block_gemm import (
     SCALES_F32,
     SUPER_BLOCKS,
     WIDE_ROWS,
+    BlockWeight,
     block_dequant_rows,
     block_linear,
     block_over_dense_time,
@@ -22,6 +23,7 @@ from radixgen.runtime.kernels.block_gemm import (
     concat_rows,
     library,
     pack_panels,
+    pack_panels_by_rows,
     use_blocks,
 )
 from radixgen.runtime.kernels.gguf_blocks import BLOCK_BYTES, BLOCK_WEIGHTS, from_gguf
@@ -161,6 +163,45 @@ def test_q5_0_beside_q8_0_stacks_as_signed_bytes():
     err = (block_linear(x, pack_panels(fused)).double() - ref).abs().max().item()
     assert err <= 1e-5 * (1 + ref.abs().max().item())
     assert concat_rows([from_gguf(raws["Q5_0"], "Q5_0")] * 2).bits == 5
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "Q3_K"])
+def test_packing_by_rows_gives_the_whole_weights_panels(qtype):
+    """A weight read and packed a few panels at a time (loading a 262k-row table without holding it
+    three times over) gives the tensors packing it whole does, the last panel's padding included."""
+    n, k = 16 * 7 + 5, width(qtype)
+    raw = random_gguf(qtype, n, k, 3)
+    whole = pack_panels(from_gguf(raw, qtype))
+    reads: list[slice] = []
+
+    def read(rows: slice):
+        reads.append(rows)
+        return from_gguf(raw[rows], qtype)
+
+    by_rows = pack_panels_by_rows(n, k, read, chunk_weights=3 * 16 * k)
+    assert [(r.start, r.stop) for r in reads] == [(0, 48), (48, 96), (96, n)]
+    assert (by_rows.bits, by_rows.flags, by_rows.n) == (whole.bits, whole.flags, whole.n)
+    for got, want in zip((by_rows.qs, by_rows.scale, by_rows.minv, by_rows.sup),
+                         (whole.qs, whole.scale, whole.minv, whole.sup), strict=True):
+        assert (got is None and want is None) or torch.equal(got, want)
+    assert pack_panels_by_rows(n, k, lambda rows: None) is None
+
+
+def test_packing_by_rows_falls_back_to_whole_where_chunks_differ():
+    """Scales that fp16 holds exactly in the first rows only (float32 in the rest): the chunks' formats
+    differ, so the weight is packed whole, with float32 scales throughout, as `pack_panels` does."""
+    n, k = 64, 64
+    g = torch.Generator().manual_seed(0)
+    scale = (torch.rand(n, k // 32, generator=g) / 64).half().float()
+    scale[32:] += 1e-6  # not fp16 values
+    w = BlockWeight(4, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g), scale, -8 * scale)
+    reads: list[slice] = []
+    by_rows = pack_panels_by_rows(n, k, lambda rows: reads.append(rows) or w.rows(torch.arange(n)[rows]),
+                                  chunk_weights=32 * k)
+    whole = pack_panels(w)
+    assert whole.flags & SCALES_F32 and by_rows.flags == whole.flags and reads[-1] == slice(None)
+    assert all(torch.equal(a, b) for a, b in zip((by_rows.qs, by_rows.scale, by_rows.minv),
+                                                  (whole.qs, whole.scale, whole.minv), strict=True))
 
 
 def test_panels_hold_the_files_scales_where_they_can():

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from radixgen.common.heap import release_free_memory
 from radixgen.radix_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixgen.runtime.config import EngineConfig
 from radixgen.runtime.executor.cuda_graph import DEFAULT_BATCH_SIZES, DecodeGraphRunner
@@ -89,6 +90,7 @@ class ModelRunner:
         model.size_positions(min(self.context_length, self.memory.kv_tokens + 1))
         model.load_weights(checkpoint, blocks=blocks)
         del checkpoint
+        release_free_memory()  # what converting the weights freed, before the KV pool adds to the peak
         logger.info("weights loaded in %.1f s", time.perf_counter() - t0)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         for rotary in self.model.rotaries:  # keep cos/sin tables in fp32

@@ -233,6 +233,51 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
     return PanelWeight(w.bits, flags, n, qs, per_block(scale, halves), per_block(minv, halves))
 
 
+# weights `pack_panels_by_rows` reads and packs at a time: a chunk's buffers stay above glibc's largest
+# mmap threshold (32 MiB), so each goes back to the OS when freed instead of staying in the heap
+PACK_CHUNK_WEIGHTS = 48 << 20
+
+
+def pack_panels_by_rows(n: int, k: int, read: Callable[[slice], BlockWeight | None],
+                        chunk_weights: int = PACK_CHUNK_WEIGHTS) -> PanelWeight | None:
+    """`pack_panels` of an [n, k] weight read `chunk_weights` weights' rows at a time (`read(rows)`:
+    those rows as a BlockWeight; None: the weight is not in blocks, and neither is the result), packed into
+    tensors allocated once, so that loading holds the packed weight and one chunk, not also the whole
+    BlockWeight and the file's bytes (Gemma 3's 262k-row table: 0.18 GB each). The same tensors as
+    `pack_panels` of the whole weight; where the chunks' formats differ (float32-derived scales that fit
+    fp16 in one chunk only) the whole weight is read and packed at once."""
+    chunk = max(PANEL, chunk_weights // k // PANEL * PANEL)  # whole panels: each chunk's follow the last
+    first = read(slice(0, min(chunk, n)))
+    if first is None:
+        return None
+    first = pack_panels(first)
+    if n <= chunk:
+        return first
+
+    def tensors(p: PanelWeight) -> list[torch.Tensor | None]:
+        return [p.qs, p.scale, p.minv, p.sup]
+
+    def grown(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        out = t.new_empty((-(-n // PANEL), *t.shape[1:]))
+        out[: t.shape[0]].copy_(t)
+        return out
+
+    whole = PanelWeight(first.bits, first.flags, n, *(grown(t) for t in tensors(first)))
+    for start in range(chunk, n, chunk):
+        part = pack_panels(read(slice(start, min(start + chunk, n))))
+        same = [(t is None, None if t is None else (t.dtype, t.shape[1:])) for t in tensors(part)] == \
+               [(t is None, None if t is None else (t.dtype, t.shape[1:])) for t in tensors(first)]
+        if (part.bits, part.flags) != (first.bits, first.flags) or not same:
+            return pack_panels(read(slice(None)))
+        p0 = start // PANEL
+        for dst, src in zip(tensors(whole), tensors(part), strict=True):
+            if dst is not None:
+                dst[p0 : p0 + src.shape[0]].copy_(src)
+    return whole
+
+
 def signed8(w: BlockWeight) -> BlockWeight | None:
     """`w` as signed 8-bit q with no min (Q8_0's format), value for value: a signed one itself, a 5-bit one
     whose min is -16 scale (Q5_0: d (q - 16)) as q - 16; None for others."""

@@ -34,7 +34,13 @@ from torch import nn
 from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.step_plan import StepPlan, plan_step
-from radixgen.runtime.kernels.block_gemm import PanelWeight, block_rows_limit, concat_rows, pack_panels
+from radixgen.runtime.kernels.block_gemm import (
+    PanelWeight,
+    block_rows_limit,
+    concat_rows,
+    pack_panels,
+    pack_panels_by_rows,
+)
 from radixgen.runtime.kernels.decode_attention import KV_DTYPES
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights, WindowKeys
 from radixgen.runtime.layers.attention import softcap
@@ -366,10 +372,11 @@ class LlamaModel(nn.Module):
         plan = self.plan
         vocab = plan.vocab_rows()
         with torch.no_grad():
-            table = ckpt.quantized("model.embed_tokens.weight") if blocks else None
+            name = "model.embed_tokens.weight"
+            table = pack_panels_by_rows(*ckpt.shape(name), lambda r: ckpt.quantized(name, r)) if blocks else None
             if table is not None:
                 del self.embed  # the Parameter: the table stays in blocks
-                self.embed: torch.Tensor | PanelWeight = pack_panels(table)
+                self.embed: torch.Tensor | PanelWeight = table
                 if self.config.tie_word_embeddings:
                     self.lm_head = BlockLinear(self.embed, None)
             else:

@@ -38,8 +38,12 @@ class Checkpoint(Protocol):
     def get(self, name: str, rows: slice | None = None, cols: slice | None = None) -> torch.Tensor:
         """Tensor `name` (rows `rows`, columns `cols` of a matrix; None: all); KeyError if missing."""
 
-    def quantized(self, name: str) -> BlockWeight | None:
-        """Matrix `name` in quantized blocks, where the file holds it so (None: it does not)."""
+    def quantized(self, name: str, rows: slice | None = None) -> BlockWeight | None:
+        """Matrix `name` (its rows `rows`; None: all) in quantized blocks, where the file holds it so
+        (None: it does not)."""
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of tensor `name` (outermost first); KeyError if missing."""
 
     def stored(self, name: str) -> torch.Tensor | None:
         """Matrix `name` in the 16-bit float type the file holds it in (None: another type)."""
@@ -69,8 +73,14 @@ class SafetensorsCheckpoint:
         part = handle.get_slice(name)
         return part[rows or slice(None)] if cols is None else part[rows or slice(None), cols]
 
-    def quantized(self, name: str) -> BlockWeight | None:
+    def quantized(self, name: str, rows: slice | None = None) -> BlockWeight | None:
         return None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        handle = self._where.get(name)
+        if handle is None:
+            raise KeyError(f"weight {name!r} missing from the checkpoint")
+        return tuple(handle.get_slice(name).get_shape())
 
     def stored(self, name: str) -> torch.Tensor | None:
         return None
@@ -171,30 +181,40 @@ class GGUFCheckpoint:
         size = t.n_bytes // t.shape[0]
         return t, t.shape[1:], t.offset + expert * size, size
 
-    def _raw(self, name: str) -> tuple[np.ndarray, str, tuple[int, ...]]:
-        """The tensor's bytes as uint8 [rows, bytes per row], its GGUF type and its shape (outermost first)."""
+    def _raw(self, name: str, rows: slice | None = None) -> tuple[np.ndarray, str, tuple[int, ...]]:
+        """The tensor's bytes as uint8 [rows, bytes per row] (only `rows` of them where given: a 2-D
+        tensor's row range, read alone), its GGUF type and its shape (outermost first)."""
         t, shape, offset, size = self._part(name)
-        data = np.empty(size, dtype=np.uint8)
+        n = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        start, stop, _ = (rows or slice(None)).indices(n)
+        row_bytes = size // n
+        data = np.empty((max(stop - start, 0), row_bytes), dtype=np.uint8)
         with open(self.path, "rb") as f:
-            f.seek(offset)
-            if f.readinto(memoryview(data)) != data.size:
+            f.seek(offset + start * row_bytes)
+            if f.readinto(memoryview(data).cast("B")) != data.size:
                 raise ValueError(f"{self.path.name} ends inside tensor {t.name!r}: the file is truncated")
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        return data.reshape(rows, -1), t.qtype, shape
+        return data, t.qtype, shape
 
     def _rope_rows(self, name: str, n: int) -> torch.Tensor | None:
         """The un-permuting row order for a q/k weight of n rows (None for any other tensor)."""
         heads = next((h for suffix, h in self._heads.items() if name.endswith(suffix)), None)
         return None if heads is None else _unpermute_rows(n, heads)
 
-    def quantized(self, name: str) -> BlockWeight | None:
+    def quantized(self, name: str, rows: slice | None = None) -> BlockWeight | None:
+        """The matrix `name` in its blocks (rows `rows` of it where given), or None where the file does not
+        hold it quantized (or `rows` is given for a q/k weight, whose rows llama.cpp permuted)."""
         t, shape, _, _ = self._part(name)
         if t.qtype not in BLOCK_BYTES or len(shape) != 2:
             return None
-        raw, qtype, shape = self._raw(name)
-        w = from_gguf(raw, qtype)
         order = self._rope_rows(name, shape[0])
+        if rows is not None and order is not None:
+            return None
+        raw, qtype, shape = self._raw(name, rows)
+        w = from_gguf(raw, qtype)
         return w if order is None else w.rows(order)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._part(name)[1])
 
     def stored(self, name: str) -> torch.Tensor | None:
         t, shape, _, _ = self._part(name)
