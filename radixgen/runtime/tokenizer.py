@@ -9,9 +9,11 @@ sequence (U+FFFD) or that may be the beginning of a stop string.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from radixgen.runtime.models.resolve import cache_dir_for, resolve_model_path
@@ -97,16 +99,37 @@ def _gguf_tokenizer(path: os.PathLike) -> Any:
         # the saved tokenizer.json is the whole tokenizer: the generic fast class reads it as the model's
         # own class would, without first building a Python vocabulary and merge list from it (Gemma 3:
         # 0.47 GB held after loading, and 0.1 GB of the load's peak)
-        return PreTrainedTokenizerFast.from_pretrained(str(cached))
+        hf = PreTrainedTokenizerFast.from_pretrained(str(cached))
+        if not _lists_added_tokens(cached):  # a cache written before it did: once more, then never again
+            _list_added_tokens(cached, hf)
+        return hf
     logger.info("converting the tokenizer of %s (first load of this file, ~10 s; cached in %s)", path.name, cached)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tmp = cached.with_name(f"tokenizer.tmp{os.getpid()}")
     hf.save_pretrained(str(tmp))
+    _list_added_tokens(tmp, hf)
     try:
         os.replace(tmp, cached)
     except OSError:  # another process won the race; its copy is as good as ours
         pass
     return hf
+
+
+def _lists_added_tokens(saved: Path) -> bool:
+    """Whether the tokenizer saved in `saved` lists its added tokens in tokenizer_config.json."""
+    return "added_tokens_decoder" in json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8"))
+
+
+def _list_added_tokens(saved: Path, hf: Any) -> None:
+    """Write `hf`'s added tokens into the tokenizer_config.json saved in `saved`. transformers' save leaves
+    them to tokenizer.json alone, and its load then parses the whole tokenizer.json in Python to find them
+    (Gemma 3's 33 MB: 0.6 s and 0.2 GB of the load's peak); listed in the config, it reads them there."""
+    config_path = saved / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in hf.added_tokens_decoder.items()}
+    tmp = config_path.with_name(f"{config_path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(config, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, config_path)
 
 
 @dataclass

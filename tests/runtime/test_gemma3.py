@@ -6,10 +6,13 @@ public Gemma 3 270M Q4_K_M file itself."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from radixgen.runtime.engine import Engine
+from radixgen.runtime.models.resolve import cache_dir_for
 from radixgen.runtime.tokenizer import load_tokenizer
 from tests.conftest import build_tiny_model
 from tests.runtime.test_model_logits import PROMPT, check_model
@@ -164,8 +167,8 @@ TOKENIZER_TEXTS = ["The capital of France is", " leading space and  two", "<star
 @pytest.mark.parametrize("which", ["gemma3", "smollm2"])
 def test_gguf_tokenizer_from_its_cache_equals_hf_gguf_loader(which, gemma3_path, smollm2_path):
     """The tokenizer we load from a GGUF file (from its cached tokenizer.json, through the generic fast
-    class) encodes, decodes and names its special tokens as HF's own GGUF loader does on the same file,
-    and holds no Python copy of the vocabulary or merges (0.2 GB for Gemma 3's 262k tokens)."""
+    class) encodes, decodes and names its special and added tokens as HF's own GGUF loader does on the
+    same file, and holds no Python copy of the vocabulary or merges (0.2 GB for Gemma 3's 262k tokens)."""
     import transformers
 
     path = gemma3_path if which == "gemma3" else smollm2_path
@@ -183,3 +186,8 @@ def test_gguf_tokenizer_from_its_cache_equals_hf_gguf_loader(which, gemma3_path,
     for name in ("bos_token_id", "pad_token_id", "unk_token_id"):
         assert getattr(ours.hf, name) == getattr(ref, name), name
     assert not getattr(ours.hf, "_vocab", None) and not getattr(ours.hf, "_merges", None)
+    state = lambda decoder: {i: t.__getstate__() for i, t in decoder.items()}
+    assert state(ours.hf.added_tokens_decoder) == state(ref.added_tokens_decoder)
+    # listed in the cached config, so that loading does not parse the whole tokenizer.json in Python for them
+    config = json.loads((cache_dir_for(path) / "tokenizer" / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert len(config["added_tokens_decoder"]) == len(ref.added_tokens_decoder) > 0
