@@ -191,3 +191,20 @@ def test_gguf_tokenizer_from_its_cache_equals_hf_gguf_loader(which, gemma3_path,
     # listed in the cached config, so that loading does not parse the whole tokenizer.json in Python for them
     config = json.loads((cache_dir_for(path) / "tokenizer" / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert len(config["added_tokens_decoder"]) == len(ref.added_tokens_decoder) > 0
+
+
+@pytest.mark.parametrize("which", ["gemma3", "smollm2"])
+def test_token_bytes_spell_the_text_their_tokens_encode(which, gemma3_path, smollm2_path):
+    """The byte table the outlines backend and budget-aware mode read: the bytes of a text's tokens, joined,
+    are the text's UTF-8, through Gemma 3's SentencePiece pieces and byte-fallback tokens (one byte of a
+    multi-byte character each: decoded alone they are U+FFFD) and SmolLM2's byte-level alphabet."""
+    from radixgen.grammar.vocab import token_bytes_table
+
+    tok = load_tokenizer(gemma3_path if which == "gemma3" else smollm2_path)
+    table = token_bytes_table(tok.hf, tok.vocab_size)
+    text = 'Hieroglyph \U00013000 and 日本語 café ŋ\n\t{"k": [1, 2.5]}  end'
+    ids = tok.encode(text, add_special_tokens=False)
+    assert b"".join(table[i] for i in ids) == text.encode("utf-8")
+    byte_tokens = [i for i in ids if tok.hf.convert_ids_to_tokens(i).startswith("<0x")]
+    assert bool(byte_tokens) == (which == "gemma3")  # the hieroglyph falls back to bytes in Gemma's vocabulary
+    assert all(table[i] is None for i in tok.eos_token_ids if i < tok.vocab_size)  # special tokens spell nothing
