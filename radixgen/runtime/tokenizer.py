@@ -101,7 +101,10 @@ def _gguf_tokenizer(path: os.PathLike) -> Any:
         # 0.47 GB held after loading, and 0.1 GB of the load's peak)
         hf = PreTrainedTokenizerFast.from_pretrained(str(cached))
         if not _lists_added_tokens(cached):  # a cache written before it did: once more, then never again
-            _list_added_tokens(cached, hf)
+            try:
+                _list_added_tokens(cached, hf)
+            except OSError as e:  # a read-only cache still loads, only slower
+                logger.warning("could not update the cached tokenizer in %s: %s", cached, e)
         return hf
     logger.info("converting the tokenizer of %s (first load of this file, ~10 s; cached in %s)", path.name, cached)
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -116,8 +119,10 @@ def _gguf_tokenizer(path: os.PathLike) -> Any:
 
 
 def _lists_added_tokens(saved: Path) -> bool:
-    """Whether the tokenizer saved in `saved` lists its added tokens in tokenizer_config.json."""
-    return "added_tokens_decoder" in json.loads((saved / "tokenizer_config.json").read_text(encoding="utf-8"))
+    """Whether the tokenizer saved in `saved` lists its added tokens in tokenizer_config.json (True where it
+    has no such file: nothing to complete)."""
+    config = saved / "tokenizer_config.json"
+    return not config.is_file() or "added_tokens_decoder" in json.loads(config.read_text(encoding="utf-8"))
 
 
 def _list_added_tokens(saved: Path, hf: Any) -> None:
