@@ -257,6 +257,10 @@ def pack_panels_by_rows(n: int, k: int, read: Callable[[slice], BlockWeight | No
     def tensors(p: PanelWeight) -> list[torch.Tensor | None]:
         return [p.qs, p.scale, p.minv, p.sup]
 
+    def layout(p: PanelWeight) -> tuple:
+        """What a chunk must share with the first to be copied into the same tensors."""
+        return p.bits, p.flags, [None if t is None else (t.dtype, t.shape[1:]) for t in tensors(p)]
+
     def grown(t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
             return None
@@ -267,9 +271,7 @@ def pack_panels_by_rows(n: int, k: int, read: Callable[[slice], BlockWeight | No
     whole = PanelWeight(first.bits, first.flags, n, *(grown(t) for t in tensors(first)))
     for start in range(chunk, n, chunk):
         part = pack_panels(read(slice(start, min(start + chunk, n))))
-        same = [(t is None, None if t is None else (t.dtype, t.shape[1:])) for t in tensors(part)] == \
-               [(t is None, None if t is None else (t.dtype, t.shape[1:])) for t in tensors(first)]
-        if (part.bits, part.flags) != (first.bits, first.flags) or not same:
+        if layout(part) != layout(first):
             return pack_panels(read(slice(None)))
         p0 = start // PANEL
         for dst, src in zip(tensors(whole), tensors(part), strict=True):

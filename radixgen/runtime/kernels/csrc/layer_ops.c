@@ -21,57 +21,61 @@ typedef struct {
     float *out;
 } norm_job;
 
+/* x [n] += delta (when not NULL); returns the sum of x's squares, summed in vector lanes (one serial
+ * chain of n adds takes ~4 cycles an element). */
+static float add_sum_squares(float *x, const float *delta, int64_t n) {
+    int64_t i = 0;
+    float ss = 0.0f;
+#ifdef RG_AVX512
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (delta != NULL) {
+            v = _mm512_add_ps(v, _mm512_loadu_ps(delta + i));
+            _mm512_storeu_ps(x + i, v);
+        }
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    ss = _mm512_reduce_add_ps(acc);
+#elif defined(RG_AVX2)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (delta != NULL) {
+            v = _mm256_add_ps(v, _mm256_loadu_ps(delta + i));
+            _mm256_storeu_ps(x + i, v);
+        }
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    ss = hsum(acc);
+#elif defined(RG_NEON)
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(x + i);
+        if (delta != NULL) {
+            v = vaddq_f32(v, vld1q_f32(delta + i));
+            vst1q_f32(x + i, v);
+        }
+        acc = vfmaq_f32(acc, v, v);
+    }
+    ss = vaddvq_f32(acc);
+#endif
+    for (; i < n; i++) {
+        if (delta != NULL) x[i] += delta[i];
+        ss += x[i] * x[i];
+    }
+    return ss;
+}
+
 static void norm_rows(void *job, int64_t begin, int64_t end, int tid) {
     const norm_job *j = (const norm_job *)job;
-    float *h = j->h, *out = j->out;
-    const float *delta = j->delta, *w = j->w;
     const int64_t n = j->n;
-    const float eps = j->eps;
     (void)tid;
     for (int64_t t = begin; t < end; t++) {
-        float *x = h + t * n, *o = out + t * n;
-        int64_t i = 0;
-        float ss = 0.0f;
-#ifdef RG_AVX512
-        __m512 acc = _mm512_setzero_ps();
-        for (; i + 16 <= n; i += 16) {
-            __m512 v = _mm512_loadu_ps(x + i);
-            if (delta != NULL) {
-                v = _mm512_add_ps(v, _mm512_loadu_ps(delta + t * n + i));
-                _mm512_storeu_ps(x + i, v);
-            }
-            acc = _mm512_fmadd_ps(v, v, acc);
-        }
-        ss = _mm512_reduce_add_ps(acc);
-#elif defined(RG_AVX2)
-        __m256 acc = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(x + i);
-            if (delta != NULL) {
-                v = _mm256_add_ps(v, _mm256_loadu_ps(delta + t * n + i));
-                _mm256_storeu_ps(x + i, v);
-            }
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        ss = hsum(acc);
-#elif defined(RG_NEON)
-        float32x4_t acc = vdupq_n_f32(0.0f);
-        for (; i + 4 <= n; i += 4) {
-            float32x4_t v = vld1q_f32(x + i);
-            if (delta != NULL) {
-                v = vaddq_f32(v, vld1q_f32(delta + t * n + i));
-                vst1q_f32(x + i, v);
-            }
-            acc = vfmaq_f32(acc, v, v);
-        }
-        ss = vaddvq_f32(acc);
-#endif
-        for (; i < n; i++) {
-            if (delta != NULL) x[i] += delta[t * n + i];
-            ss += x[i] * x[i];
-        }
-        const float r = 1.0f / sqrtf(ss / (float)n + eps);
-        for (i = 0; i < n; i++) o[i] = x[i] * r * w[i];
+        float *x = j->h + t * n, *o = j->out + t * n;
+        const float ss = add_sum_squares(x, j->delta == NULL ? NULL : j->delta + t * n, n);
+        const float r = 1.0f / sqrtf(ss / (float)n + j->eps);
+        for (int64_t i = 0; i < n; i++) o[i] = x[i] * r * j->w[i];
     }
 }
 
@@ -201,26 +205,9 @@ typedef struct {
     float eps;
 } rope_job;
 
-/* x [D] = RMSNorm(x) * w in place (the squares summed in vector lanes: one serial chain of D adds took
- * ~4 cycles an element). */
+/* x [D] = RMSNorm(x) * w in place. */
 static void head_rms_norm(float *x, const float *w, int64_t D, float eps) {
-    float ss = 0.0f;
-    int64_t i = 0;
-#ifdef RG_AVX512
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= D; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), acc);
-    ss = _mm512_reduce_add_ps(acc);
-#elif defined(RG_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(x + i), acc);
-    ss = hsum(acc);
-#elif defined(RG_NEON)
-    float32x4_t acc = vdupq_n_f32(0.0f);
-    for (; i + 4 <= D; i += 4) acc = vfmaq_f32(acc, vld1q_f32(x + i), vld1q_f32(x + i));
-    ss = vaddvq_f32(acc);
-#endif
-    for (; i < D; i++) ss += x[i] * x[i];
-    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+    const float r = 1.0f / sqrtf(add_sum_squares(x, NULL, D) / (float)D + eps);
     for (int64_t i = 0; i < D; i++) x[i] = x[i] * r * w[i];
 }
 
