@@ -60,15 +60,27 @@ typedef struct {
 
 _Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
 
-/* The first `limbs` limbs of one block (the others are left unset: no kernel reads them). */
-static void quantize_block(const float *x, int limbs, xblock *out) {
+/* The sums of an xblock a weight format's products read (each is a horizontal reduction per block: the
+ * ones a format does not read are left unset). */
+enum { NEED_SUM = 1, NEED_HALVES = 2, NEED_QSUM = 4 };
+
+static int xblock_needs(const int fmt) {
+    const int mins = !FMT_HAS_MIN(fmt) ? 0 : FMT_HALVES(fmt) == 2 ? NEED_HALVES : NEED_SUM;
+    return mins | (fmt == FMT_I8H ? NEED_QSUM : 0);
+}
+
+/* The first `limbs` limbs of one block and the sums `need` asks for (the rest are left unset: no kernel
+ * reads them). */
+static void quantize_block(const float *x, int limbs, int need, xblock *out) {
     float amax = 0.0f;
 #if defined(RG_AVX512)
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
-    out->half_sum[0] = _mm512_reduce_add_ps(v0);
-    out->half_sum[1] = _mm512_reduce_add_ps(v1);
+    if (need & NEED_SUM) out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+    if (need & NEED_HALVES) {
+        out->half_sum[0] = _mm512_reduce_add_ps(v0);
+        out->half_sum[1] = _mm512_reduce_add_ps(v1);
+    }
 #elif defined(RG_AVX2)
     __m256 v[4], mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -78,9 +90,11 @@ static void quantize_block(const float *x, int limbs, xblock *out) {
         sm = _mm256_add_ps(sm, v[i]);
     }
     amax = hmax(mx);
-    out->sum = hsum(sm);
-    out->half_sum[0] = hsum(_mm256_add_ps(v[0], v[1]));
-    out->half_sum[1] = hsum(_mm256_add_ps(v[2], v[3]));
+    if (need & NEED_SUM) out->sum = hsum(sm);
+    if (need & NEED_HALVES) {
+        out->half_sum[0] = hsum(_mm256_add_ps(v[0], v[1]));
+        out->half_sum[1] = hsum(_mm256_add_ps(v[2], v[3]));
+    }
 #elif defined(RG_NEON)
     float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);
     for (int i = 0; i < 8; i++) {
@@ -88,11 +102,13 @@ static void quantize_block(const float *x, int limbs, xblock *out) {
         mx = vmaxq_f32(mx, vabsq_f32(v[i]));
         sm = vaddq_f32(sm, v[i]);
     }
+    (void)need;  /* every sum: cheap on NEON */
     amax = vmaxvq_f32(mx);
     out->sum = vaddvq_f32(sm);
     out->half_sum[0] = vaddvq_f32(vaddq_f32(vaddq_f32(v[0], v[1]), vaddq_f32(v[2], v[3])));
     out->half_sum[1] = vaddvq_f32(vaddq_f32(vaddq_f32(v[4], v[5]), vaddq_f32(v[6], v[7])));
 #else
+    (void)need;  /* the reference: every sum */
     float sum = 0.0f, half[2] = {0.0f, 0.0f};
     for (int j = 0; j < QK; j++) {
         amax = fmaxf(amax, fabsf(x[j]));
@@ -119,7 +135,7 @@ static void quantize_block(const float *x, int limbs, xblock *out) {
         const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
         _mm_storeu_si128((__m128i *)out->q[l], _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(out->q[l] + 16), _mm512_cvtepi32_epi8(i1));
-        out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        if (need & NEED_QSUM) out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
     }
@@ -138,9 +154,11 @@ static void quantize_block(const float *x, int limbs, xblock *out) {
         const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
         _mm256_storeu_si256((__m256i *)out->q[l],
                             _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
-        out->qsum[l] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, _MM_SHUFFLE(2, 3, 0, 1))));
+        if (need & NEED_QSUM) {
+            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+            const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
+            out->qsum[l] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, _MM_SHUFFLE(2, 3, 0, 1))));
+        }
     }
 #elif defined(RG_NEON)
     for (int i = 0; i < 8; i++) v[i] = vmulq_n_f32(v[i], inv);
@@ -175,7 +193,7 @@ static void quantize_block(const float *x, int limbs, xblock *out) {
 typedef struct {
     const float *x;
     int64_t K;
-    int limbs;
+    int limbs, need;
     xblock *xq;
 } quantize_job;
 
@@ -184,12 +202,12 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
     const int64_t nb = j->K / QK;
     (void)tid;
     for (int64_t i = begin; i < end; i++)
-        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->limbs, j->xq + i * nb + b);
+        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->limbs, j->need, j->xq + i * nb + b);
 }
 
-/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, xblock *xq, int nthreads) {
-    quantize_job job = {x, K, limbs, xq};
+/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums `need` (xblock_needs) asks for. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int need, xblock *xq, int nthreads) {
+    quantize_job job = {x, K, limbs, need, xq};
     rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
 }
 
@@ -600,7 +618,7 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(rows * nb));
     if (xq == NULL) return -1;
-    quantize_rows(x, M, k, limbs, xq, nthreads);
+    quantize_rows(x, M, k, limbs, xblock_needs(fmt), xq, nthreads);
     memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
