@@ -8,6 +8,7 @@ The index tensors reach the model's device in one pinned, non-blocking copy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,14 @@ class ForwardBatch:
     table_update: TableUpdate | None = None  # req_to_token writes to apply on the device first
     hidden_indices: torch.Tensor | None = None  # [H] int64 rows whose final hidden states are wanted (embeddings)
     hidden_out: torch.Tensor | None = None  # [H, hidden] float32: the final norm's output there, set by the forward
+    before_kernels: Callable[[], None] | None = None  # the caller's, run once the step's host-side setup is done
+
+    def kernels_start(self) -> None:
+        """Called by the model once its host-side setup of the step is done and its kernels start: runs
+        `before_kernels` (once)."""
+        if self.before_kernels is not None:
+            hook, self.before_kernels = self.before_kernels, None
+            hook()
 
     @property
     def batch_size(self) -> int:

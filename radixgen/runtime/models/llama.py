@@ -324,6 +324,7 @@ class LlamaModel(nn.Module):
         window = self._window_keys(fb, req_to_token, backend) if call is not None else None
         if call is not None and window is not False:
             local = self.local_rotary
+            fb.kernels_start()
             self.decode_in_c.run(h, fb.positions, fb.out_cache_loc, self.rotary.cos, self.rotary.sin, call.req_to_token,
                                  call.req_rows, call.seq_lens, call.shared, None if local is None else local.cos,
                                  None if local is None else local.sin, window)
@@ -338,6 +339,7 @@ class LlamaModel(nn.Module):
                 ctx.cos, ctx.sin = self.rotary.gather(fb.positions, h.dtype)
                 if self.local_rotary is not None:
                     ctx.local_cos, ctx.local_sin = self.local_rotary.gather(fb.positions, h.dtype)
+            fb.kernels_start()
             for layer in self.layers:
                 h = layer(h, ctx)
         if fb.hidden_indices is not None:  # embedding rows: the final norm's output, kept for the caller
