@@ -239,8 +239,9 @@ def test_bad_input_is_rejected():
         block_linear(torch.randn(2, 64, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="IQ2_XXS"):
         from_gguf(np.zeros((1, 66), np.uint8), "IQ2_XXS")
-    with pytest.raises(IndexError, match="rows"):
-        block_dequant_rows(w, torch.tensor([4]))
+    for bad in ([4], [0, -1]):
+        with pytest.raises(IndexError, match="rows"):
+            block_dequant_rows(w, torch.tensor(bad))
     assert not use_blocks(torch.randn(4, 8, dtype=torch.bfloat16))
 
 

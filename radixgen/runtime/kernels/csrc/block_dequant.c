@@ -132,12 +132,14 @@ static void dequant_range(void *job, int64_t begin, int64_t end, int tid) {
     free(row);
 }
 
-int block_dequant_rows(const rg_block_weight *w, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
+int block_dequant_rows(const rg_block_weight *w, int64_t n, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
                        int out_dtype, int nthreads) {
     const int fmt = rg_block_format(w);
     if (k % QK != 0 || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) || (FMT_SUPER(fmt) && k % 256 != 0) ||
         (out_dtype != 0 && out_dtype != 1))
         return -1;
+    for (int64_t i = 0; i < n_rows; i++)
+        if (rows[i] < 0 || rows[i] >= n) return -2;
     if (out_dtype == 1) {  /* the per-thread row buffers must be to be had */
         void *probe = malloc(sizeof(float) * (size_t)k);
         if (probe == NULL) return -1;

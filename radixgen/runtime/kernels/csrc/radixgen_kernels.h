@@ -95,9 +95,10 @@ int block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t k, i
 int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int limbs,
                      int nthreads);
 
-/* out [n_rows, k] = rows `rows` of W as float32 (out_dtype 0) or bfloat16 (1), each value scale * q + min
- * as the reference dequantization computes it (block_dequant.c). 0, or -1 (bad format or k). */
-int block_dequant_rows(const rg_block_weight *w, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
+/* out [n_rows, k] = rows `rows` of W [n, k] as float32 (out_dtype 0) or bfloat16 (1), each value scale * q +
+ * min as the reference dequantization computes it (block_dequant.c). 0, -1 (bad format or k) or -2 (a row
+ * outside [0, n)). */
+int block_dequant_rows(const rg_block_weight *w, int64_t n, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
                        int out_dtype, int nthreads);
 
 /* The row count from which block_gemm runs on AMX tiles; 0 when it never does (no AMX, or refused). */
