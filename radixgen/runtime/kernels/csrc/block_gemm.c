@@ -208,7 +208,7 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
 /* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums `need` (xblock_needs) asks for. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int need, xblock *xq, int nthreads) {
     quantize_job job = {x, K, limbs, need, xq};
-    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
+    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_GUIDED, quantize_range, &job);
 }
 
 static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
@@ -621,7 +621,7 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     quantize_rows(x, M, k, limbs, xblock_needs(fmt), xq, nthreads);
     memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
-    rg_parallel(nthreads, panels, RG_STATIC, panels_range, &job);
+    rg_parallel(nthreads, panels, RG_GUIDED, panels_range, &job);
     return 0;
 }
 

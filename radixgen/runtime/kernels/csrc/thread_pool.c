@@ -70,8 +70,8 @@ typedef struct {
     _Atomic int64_t next;        /* the next unclaimed item */
     rg_range_fn fn;              /* the current region (written before `generation` is bumped) */
     void *ctx;
-    int64_t n, grain;
-    int nthreads;
+    int64_t n;
+    int nthreads, guided;
     uint64_t solo_until;         /* regions start before this (CLOCK_MONOTONIC ns) run on the caller alone */
     uint64_t window_own, window_wait; /* the current window's own work and waits for workers (ns) */
     int window_misses;           /* the current window's waits of WAIT_NS or more */
@@ -88,12 +88,18 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Claim and run runs of `grain` items until none are left. */
+/* Claim and run runs of items until none are left: RG_GUIDED runs of the items left / (2 nthreads) (at
+ * least one), RG_DYNAMIC single items. */
 static void run_items(int tid) {
-    for (;;) {
-        const int64_t begin = atomic_fetch_add_explicit(&pool.next, pool.grain, memory_order_relaxed);
-        if (begin >= pool.n) return;
-        pool.fn(pool.ctx, begin, begin + pool.grain < pool.n ? begin + pool.grain : pool.n, tid);
+    int64_t begin = atomic_load_explicit(&pool.next, memory_order_relaxed);
+    while (begin < pool.n) {
+        int64_t run = pool.guided ? (pool.n - begin) / (2 * pool.nthreads) : 1;
+        if (run < 1) run = 1;
+        if (atomic_compare_exchange_weak_explicit(&pool.next, &begin, begin + run, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            pool.fn(pool.ctx, begin, begin + run, tid);
+            begin = atomic_load_explicit(&pool.next, memory_order_relaxed);
+        }
     }
 }
 
@@ -208,8 +214,7 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
     pool.ctx = ctx;
     pool.n = n;
     pool.nthreads = nthreads;
-    /* RG_STATIC: a few runs per thread, so a late or busy thread's share is taken by the others */
-    pool.grain = schedule == RG_DYNAMIC ? 1 : (n + 4 * nthreads - 1) / (4 * nthreads);
+    pool.guided = schedule == RG_GUIDED;
     atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
     const uint32_t g = atomic_load(&pool.generation) + 1;
     atomic_store(&pool.state, (uint64_t)g << 32);

@@ -6,11 +6,13 @@
 /* Runs items [begin, end) on thread `tid` (0 is the caller, 1 .. nthreads - 1 the pool's workers). */
 typedef void (*rg_range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 
-enum { RG_STATIC, RG_DYNAMIC };
+enum { RG_GUIDED, RG_DYNAMIC };
 
 /* fn over items [0, n) on up to nthreads threads, the calling thread one of them; returns when all
- * are done. Threads claim runs of items: RG_STATIC a few contiguous runs per thread, RG_DYNAMIC one
- * item at a time; which thread runs which items varies, so fn's results must not depend on it (tid
+ * are done. Threads claim runs of items: RG_GUIDED contiguous runs that shrink as the items run out
+ * (each the items left / (2 nthreads)), so few claims take most items and the threads finish within
+ * an item of each other, and a late or busy thread's share is taken by the others; RG_DYNAMIC one
+ * item at a time. Which thread runs which items varies, so fn's results must not depend on it (tid
  * only picks per-thread scratch). With nthreads <= 1, n <= 1, or the pool busy with another caller's
  * region (another thread's, or a nested call), everything runs on the calling thread as tid 0. */
 void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ctx);
