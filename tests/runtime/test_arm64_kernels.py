@@ -53,12 +53,21 @@ def test_the_neon_build_runs_the_neon_paths(drivers):
     assert levels == {"neon": 16, "scalar": 0}  # RG_BIT_NEON; simd_path() names it "neon-dotprod"
 
 
-@pytest.mark.parametrize("fmt", range(7))  # csrc/block_format.h: fp16 Q4/Q8, float32 scales, K-quants' own
+# csrc/block_format.h: fp16 Q4/Q8, float32 scales, K-quants' own; 7: Q4_0's offset format (the driver's code)
+@pytest.mark.parametrize("fmt", range(8))
 @pytest.mark.parametrize("m", [1, 3, 8, 9, 17])
 def test_block_gemm(drivers, fmt, m):
     """sdot panels (the fp16 formats; the others on the reference path in the NEON build) against the
     scalar sums: 8-row passes and their tails, a partial last panel (37 rows)."""
-    case = ("gemm", fmt, m, 512 if fmt >= 5 else 96, 37, m)
+    case = ("gemm", fmt, m, 512 if fmt in (5, 6) else 96, 37, m, 3)
+    assert_close(run(drivers["neon"], *case), run(drivers["scalar"], *case))
+
+
+@pytest.mark.parametrize("fmt", [0, 1, 7])  # the sdot panels' formats: a min, signed q, an offset
+@pytest.mark.parametrize("limbs", [1, 2])
+def test_block_gemm_fewer_limbs(drivers, fmt, limbs):
+    """Long prompt chunks' one or two activation limbs: whole 8-row tiles and a partial one."""
+    case = ("gemm", fmt, 13, 96, 37, limbs, limbs)
     assert_close(run(drivers["neon"], *case), run(drivers["scalar"], *case))
 
 

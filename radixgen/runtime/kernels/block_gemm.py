@@ -38,7 +38,8 @@ BLOCK = 32  # weights per block
 BLOCK_MAX_ROWS = 20  # rows up to which the block kernel's vector paths beat the dense GEMM on every CPU measured
 PANEL = 16  # output rows per panel (csrc/block_gemm.c)
 LIMBS = 3  # int8 limbs per activation that give float32's precision (csrc/block_gemm.c)
-SCALES_F32, UNSIGNED8, HALF_BLOCKS, SUPER_BLOCKS = 1, 2, 4, 8  # rg_block_weight's flags (csrc/block_format.h)
+# rg_block_weight's flags (csrc/block_format.h)
+SCALES_F32, UNSIGNED8, HALF_BLOCKS, SUPER_BLOCKS, MIN_OFFSET = 1, 2, 4, 8, 16
 
 
 @dataclass
@@ -226,6 +227,8 @@ def pack_panels(w: BlockWeight) -> PanelWeight:
         half_min = None if minv is None else _half_if_exact(minv)
         if half_scale is not None and (minv is None or half_min is not None):
             scale, minv = half_scale, half_min
+            if minv is not None and torch.equal(minv.float(), scale.float() * -(1 << (w.bits - 1))):
+                flags |= MIN_OFFSET  # Q4_0, Q5_0: d (q - 8), d (q - 16), the kernel's offset formats
         elif signed:
             raise ValueError("block weight: signed 8-bit q need float16 scales")
         else:

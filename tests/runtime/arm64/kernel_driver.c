@@ -39,11 +39,11 @@ static void *alloc(size_t bytes) {
 
 static int emit(const float *y, size_t n) { return fwrite(y, sizeof(float), n, stdout) == n ? 0 : 1; }
 
-/* FMT: block_format.h's FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6 (0 .. 6); K must be a
- * multiple of 256 for the last two. */
-static int gemm(int fmt, int64_t M, int64_t K, int64_t N) {
-    static const int64_t bits_of[] = {4, 8, 4, 8, 8, 4, 6}, flags_of[] = {0, 0, 1, 3, 7, 8, 12};
-    static const int64_t block_bytes_of[] = {256, 512, 256, 512, 512, 256, 384};
+/* FMT: block_format.h's FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6 (0 .. 6), or 7 for
+ * FMT_O4H (U4H whose min is -8 d); K must be a multiple of 256 for K4 and K6. `limbs`: block_gemm_limbs'. */
+static int gemm(int fmt, int64_t M, int64_t K, int64_t N, int limbs) {
+    static const int64_t bits_of[] = {4, 8, 4, 8, 8, 4, 6, 4}, flags_of[] = {0, 0, 1, 3, 7, 8, 12, 16};
+    static const int64_t block_bytes_of[] = {256, 512, 256, 512, 512, 256, 384, 256};
     const int64_t halves = fmt == 4 || fmt == 6 ? 2 : 1, f32 = fmt >= 2 && fmt <= 4, k_quant = fmt >= 5;
     const int64_t panels = (N + 15) / 16, nb = K / 32, block_bytes = block_bytes_of[fmt];
     const int64_t scales = panels * nb * halves * 16;
@@ -56,7 +56,7 @@ static int gemm(int fmt, int64_t M, int64_t K, int64_t N) {
     uint16_t *sup = alloc(sizeof(uint16_t) * (size_t)(panels * (nb / 8 + 1) * 32));
     for (int64_t i = 0; i < scales; i++) {
         d32[i] = uniform(0.001f, 0.02f), m32[i] = uniform(-0.15f, 0.0f);
-        d16[i] = rg_float_to_half(d32[i]), m16[i] = rg_float_to_half(m32[i]);
+        d16[i] = rg_float_to_half(d32[i]), m16[i] = rg_float_to_half(fmt == 7 ? -8.0f * rg_half_to_float(d16[i]) : m32[i]);
         sc[i] = (uint8_t)uniform(fmt == 6 ? 0.0f : 1.0f, fmt == 6 ? 256.0f : 64.0f), mn[i] = (uint8_t)uniform(0.0f, 64.0f);
     }
     for (int64_t i = 0; i < panels * (nb / 8 + 1) * 32; i++) sup[i] = rg_float_to_half(uniform(0.0001f, 0.001f));
@@ -65,7 +65,7 @@ static int gemm(int fmt, int64_t M, int64_t K, int64_t N) {
     const void *d = k_quant ? (const void *)sc : f32 ? (const void *)d32 : (const void *)d16;
     const void *m = fmt == 1 || fmt == 6 ? NULL : k_quant ? (const void *)mn : f32 ? (const void *)m32 : (const void *)m16;
     const rg_block_weight w = {bits_of[fmt], flags_of[fmt], qs, d, m, k_quant ? sup : NULL};
-    if (block_gemm(&w, x, M, K, N, y, 2) != 0) return 1;
+    if (block_gemm_limbs(&w, x, M, K, N, y, limbs, 2) != 0) return 1;
     return emit(y, (size_t)(M * N));
 }
 
@@ -123,9 +123,9 @@ static int silu(int64_t T, int64_t inter) {
 
 int main(int argc, char **argv) {
     if (argc == 2 && strcmp(argv[1], "level") == 0) return printf("%d\n", rg_simd_level()) < 0;
-    if (argc == 7 && strcmp(argv[1], "gemm") == 0) {
+    if (argc == 8 && strcmp(argv[1], "gemm") == 0) {
         rng_state = strtoull(argv[6], NULL, 10) * 2 + 1;
-        return gemm(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]));
+        return gemm(atoi(argv[2]), atoll(argv[3]), atoll(argv[4]), atoll(argv[5]), atoi(argv[7]));
     }
     if (argc == 9 && strcmp(argv[1], "attention") == 0) {
         rng_state = strtoull(argv[8], NULL, 10) * 2 + 1;

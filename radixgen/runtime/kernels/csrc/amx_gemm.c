@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "block_format.h"
 #include "scratch.h"
 #include "simd_math.h"
 #include "thread_pool.h"
@@ -282,7 +283,8 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
 
 int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t K, int64_t N, float *y, int nthreads) {
     const int bits = (int)w->bits;
-    if (K % QK != 0 || (bits != 4 && bits != 8) || w->flags != 0 || !amx_ready()) return -1;  /* fp16 formats */
+    /* fp16 formats (an offset format's min is read as stored) */
+    if (K % QK != 0 || (bits != 4 && bits != 8) || (w->flags & ~RG_MIN_OFFSET) != 0 || !amx_ready()) return -1;
     const int64_t nb = K / QK, panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
     const int64_t panel_bytes = nb * (bits == 4 ? 256 : 512);
     const int64_t chunk_rows = M < CHUNK ? M : CHUNK, chunk_pad = (chunk_rows + MT - 1) / MT * MT;

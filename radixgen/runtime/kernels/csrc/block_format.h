@@ -12,8 +12,13 @@
  *   K6    6-bit q (4-bit plane + 2-bit plane), int8 sc per half block, fp16 d per 8 blocks   Q6_K
  *   U5H   5-bit q (4-bit plane + 1-bit plane), fp16 scale + min   Q5_0 (min -16 d), Q5_1
  *   U5F   5-bit q, float32 scale + min                            Q5_K (d * sc, -dmin * m)
+ *   O4H   U4H whose min is -8 d (RG_MIN_OFFSET)                    Q4_0
+ *   O5H   U5H whose min is -16 d (RG_MIN_OFFSET)                   Q5_0
  * K4 and K6 hold a K-quant's bytes as the file does (its 6-bit scales widened to a byte): the
  * kernel computes each block's d * sc as gguf does.
+ * O4H, O5H and K6 are offset formats (FMT_OFFSET): W = d (q - offset), so the GEMM takes the offset off
+ * its integer sums (sum_k (q - offset) x_k) instead of adding min * sum(x) in float; their mins stay
+ * stored for the other readers (dequantization, AMX tiles).
  */
 #ifndef RADIXGEN_BLOCK_FORMAT_H
 #define RADIXGEN_BLOCK_FORMAT_H
@@ -25,8 +30,9 @@
 #define RG_UNSIGNED8 2   /* 8-bit q are unsigned, with a min (else signed, no min) */
 #define RG_HALF_BLOCKS 4 /* a scale and a min per 16 weights (else per 32) */
 #define RG_SUPER_BLOCKS 8 /* K-quant scales: small integers per block times fp16 factors per 8 blocks (`sup`) */
+#define RG_MIN_OFFSET 16  /* 4- or 5-bit q with fp16 scales whose min is -8 d or -16 d (Q4_0, Q5_0) */
 
-enum { FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6, FMT_U5H, FMT_U5F, FMT_BAD };
+enum { FMT_U4H, FMT_I8H, FMT_U4F, FMT_U8F, FMT_U8F2, FMT_K4, FMT_K6, FMT_U5H, FMT_U5F, FMT_O4H, FMT_O5H, FMT_BAD };
 
 /* The format of w, or FMT_BAD for a combination no kernel reads. */
 static inline int rg_block_format(const rg_block_weight *w) {
@@ -40,6 +46,8 @@ static inline int rg_block_format(const rg_block_weight *w) {
     if (w->bits == 6 && f == (RG_SUPER_BLOCKS | RG_HALF_BLOCKS) && w->sup != NULL) return FMT_K6;
     if (w->bits == 5 && f == 0) return FMT_U5H;
     if (w->bits == 5 && f == RG_SCALES_F32) return FMT_U5F;
+    if (w->bits == 4 && f == RG_MIN_OFFSET) return FMT_O4H;
+    if (w->bits == 5 && f == RG_MIN_OFFSET) return FMT_O5H;
     return FMT_BAD;
 }
 
@@ -47,9 +55,10 @@ static inline int rg_block_format(const rg_block_weight *w) {
 #define FMT_HAS_MIN(f) ((f) != FMT_I8H)
 #define FMT_F32(f) ((f) == FMT_U4F || (f) == FMT_U8F || (f) == FMT_U8F2 || (f) == FMT_U5F)
 #define FMT_SUPER(f) ((f) == FMT_K4 || (f) == FMT_K6)
-#define FMT_Q4(f) ((f) == FMT_U4H || (f) == FMT_U4F || (f) == FMT_K4) /* q 0..15 */
-#define FMT_Q5(f) ((f) == FMT_U5H || (f) == FMT_U5F) /* q 0..31: a nibble plane and a 1-bit plane */
-#define FMT_NIBBLES(f) ((f) == FMT_U4H || (f) == FMT_U4F || (f) == FMT_K4 || (f) == FMT_K6 || FMT_Q5(f)) /* a low-nibble plane */
+#define FMT_Q4(f) ((f) == FMT_U4H || (f) == FMT_O4H || (f) == FMT_U4F || (f) == FMT_K4) /* q 0..15 */
+#define FMT_Q5(f) ((f) == FMT_U5H || (f) == FMT_O5H || (f) == FMT_U5F) /* q 0..31: a nibble plane and a 1-bit plane */
+#define FMT_NIBBLES(f) (FMT_Q4(f) || (f) == FMT_K6 || FMT_Q5(f)) /* a low-nibble plane */
+#define FMT_OFFSET(f) ((f) == FMT_O4H ? 8 : (f) == FMT_O5H ? 16 : (f) == FMT_K6 ? 32 : 0) /* W = d (q - offset) */
 /* bytes of a panel's block of 16 rows: q; scales; mins (K6: none stored, -32 scale); per 8 blocks: `sup` */
 #define FMT_BLOCK_BYTES(f) ((f) == FMT_K6 ? 384 : FMT_Q5(f) ? 320 : FMT_NIBBLES(f) ? 256 : 512)
 #define FMT_SCALE_BYTES(f) (FMT_SUPER(f) ? 16 * FMT_HALVES(f) : 16 * FMT_HALVES(f) * (FMT_F32(f) ? 4 : 2))

@@ -4,7 +4,11 @@
  * Block b of row n holds 32 small integers q, a scale d and, for 4-bit, a min m (fp16 in GGUF):
  *   4-bit: W[n, 32b + j] = d * q_j + m, q in 0..15; Q4_0 is m = -8 d.
  *   8-bit: W[n, 32b + j] = d * q_j, q in -128..127.
- * so sum_j W x_j = d * sum_j q_j x_j + m * sum_j x_j.
+ * so sum_j W x_j = d * sum_j q_j x_j + m * sum_j x_j. Where m is -offset * d (block_format.h's offset
+ * formats: Q4_0, Q5_0, Q6_K; and x86's unsigned reading of signed 8-bit q, offset 128) it is instead
+ * d * sum_j (q_j - offset) x_j, the offset taken off the integer sums: no float product per block for
+ * the min, and the activations' rounding error e_j weighs in as sum_j (q_j - offset) e_j, not the
+ * larger sum_j q_j e_j (Gemma 3 in one limb: its input logprobs' error 0.5 instead of 0.9).
  *
  * Activations are split per row and block into three int8 limbs (quantize_rows): with
  * s = max|x| / 127, x = s * (x0 + x1 / 254 + x2 / 254^2) to 2^-24 of the block's largest value, which is
@@ -48,38 +52,52 @@
 #define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
 #endif
 
-/* One block of one activation row in limbs (128 bytes). */
+/* One block of one activation row in limbs (128 bytes), with what its weight format's products add: the
+ * float sums its mins multiply (free mins), or the integer sums its offset multiplies (offset formats). */
 typedef struct {
     int8_t q[LIMBS][QK];
-    float s;              /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
-    float sum;            /* sum of the block's x (float) */
-    int32_t qsum[LIMBS];  /* sum of each limb's q (signed 8-bit weights' unsigned offset) */
-    float half_sum[2];    /* sums of the block's halves (x 0..15, 16..31), for per-half mins */
-    int32_t pad;
+    float s;                   /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
+    union {                    /* per scale: the block ([0]) or each half (x 0..15, 16..31) */
+        float sum[2];          /* free mins: the sums of x */
+        int32_t off[2];        /* an offset, one limb: -offset * the sum of q0 (the limb sum's start) */
+        float foff[2];         /* an offset, more limbs: -offset * (the sums of q0 + q1 / 254 + q2 / 254^2) */
+    };
+    int32_t pad[5];
 } xblock;
 
 _Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
 
-/* The sums of an xblock a weight format's products read (each is a horizontal reduction per block: the
- * ones a format does not read are left unset). */
-enum { NEED_SUM = 1, NEED_HALVES = 2, NEED_QSUM = 4 };
+/* x86's vector paths read signed 8-bit q as unsigned (q + 128: vpdpbusd's unsigned side), an offset of
+ * 128 their sums take off like a format's own; the others multiply signed q as they are. */
+#if defined(RG_AVX512) || defined(RG_AVXVNNI)
+#define SIGNED8_OFFSET 128
+#else
+#define SIGNED8_OFFSET 0
+#endif
 
-static int xblock_needs(const int fmt) {
-    const int mins = !FMT_HAS_MIN(fmt) ? 0 : FMT_HALVES(fmt) == 2 ? NEED_HALVES : NEED_SUM;
-    return mins | (fmt == FMT_I8H ? NEED_QSUM : 0);
-}
+/* The offset the integer sums take off for format fmt: its own (FMT_OFFSET), or signed 8-bit q's. */
+static inline int xblock_offset(const int fmt) { return fmt == FMT_I8H ? SIGNED8_OFFSET : FMT_OFFSET(fmt); }
 
-/* The first `limbs` limbs of one block and the sums `need` asks for (the rest are left unset: no kernel
- * reads them). */
-static void quantize_block(const float *x, int limbs, int need, xblock *out) {
+/* The float sums of x fmt's mins multiply: 0 (no mins, or an offset instead), 1 (the block's), 2 (its halves'). */
+static inline int xblock_sums(const int fmt) { return FMT_HAS_MIN(fmt) && !FMT_OFFSET(fmt) ? FMT_HALVES(fmt) : 0; }
+
+static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
+static const float LIMB_UNIT[LIMBS] = {1.0f, 1.0f / LIMB_BASE, 1.0f / (LIMB_BASE * LIMB_BASE)};
+
+/* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
+ * nonzero `offset`, off (one limb) or foff (more), per half block where halves is 2; the rest is left
+ * unset (no kernel reads it). Each sum is a horizontal reduction per block, which is why only those a
+ * format reads are computed. */
+static void quantize_block(const float *x, int limbs, int sums, int offset, int halves, xblock *out) {
+    float qh[2] = {0.0f, 0.0f};  /* with an offset: the sums of q0 + q1 / 254 + ... per half (one limb: exact) */
     float amax = 0.0f;
 #if defined(RG_AVX512)
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
     amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-    if (need & NEED_SUM) out->sum = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
-    if (need & NEED_HALVES) {
-        out->half_sum[0] = _mm512_reduce_add_ps(v0);
-        out->half_sum[1] = _mm512_reduce_add_ps(v1);
+    if (sums == 1) out->sum[0] = _mm512_reduce_add_ps(_mm512_add_ps(v0, v1));
+    if (sums == 2) {
+        out->sum[0] = _mm512_reduce_add_ps(v0);
+        out->sum[1] = _mm512_reduce_add_ps(v1);
     }
 #elif defined(RG_AVX2)
     __m256 v[4], mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
@@ -90,10 +108,10 @@ static void quantize_block(const float *x, int limbs, int need, xblock *out) {
         sm = _mm256_add_ps(sm, v[i]);
     }
     amax = hmax(mx);
-    if (need & NEED_SUM) out->sum = hsum(sm);
-    if (need & NEED_HALVES) {
-        out->half_sum[0] = hsum(_mm256_add_ps(v[0], v[1]));
-        out->half_sum[1] = hsum(_mm256_add_ps(v[2], v[3]));
+    if (sums == 1) out->sum[0] = hsum(sm);
+    if (sums == 2) {
+        out->sum[0] = hsum(_mm256_add_ps(v[0], v[1]));
+        out->sum[1] = hsum(_mm256_add_ps(v[2], v[3]));
     }
 #elif defined(RG_NEON)
     float32x4_t v[8], mx = vdupq_n_f32(0.0f), sm = vdupq_n_f32(0.0f);
@@ -102,26 +120,28 @@ static void quantize_block(const float *x, int limbs, int need, xblock *out) {
         mx = vmaxq_f32(mx, vabsq_f32(v[i]));
         sm = vaddq_f32(sm, v[i]);
     }
-    (void)need;  /* every sum: cheap on NEON */
     amax = vmaxvq_f32(mx);
-    out->sum = vaddvq_f32(sm);
-    out->half_sum[0] = vaddvq_f32(vaddq_f32(vaddq_f32(v[0], v[1]), vaddq_f32(v[2], v[3])));
-    out->half_sum[1] = vaddvq_f32(vaddq_f32(vaddq_f32(v[4], v[5]), vaddq_f32(v[6], v[7])));
+    if (sums == 1) out->sum[0] = vaddvq_f32(sm);
+    if (sums == 2) {
+        out->sum[0] = vaddvq_f32(vaddq_f32(vaddq_f32(v[0], v[1]), vaddq_f32(v[2], v[3])));
+        out->sum[1] = vaddvq_f32(vaddq_f32(vaddq_f32(v[4], v[5]), vaddq_f32(v[6], v[7])));
+    }
 #else
-    (void)need;  /* the reference: every sum */
     float sum = 0.0f, half[2] = {0.0f, 0.0f};
     for (int j = 0; j < QK; j++) {
         amax = fmaxf(amax, fabsf(x[j]));
         sum += x[j];
         half[j / 16] += x[j];
     }
-    out->sum = sum;
-    out->half_sum[0] = half[0];
-    out->half_sum[1] = half[1];
+    if (sums == 1) out->sum[0] = sum;
+    if (sums == 2) {
+        out->sum[0] = half[0];
+        out->sum[1] = half[1];
+    }
 #endif
     if (!(amax > 0.0f) || !isfinite(amax)) {  /* zeros (or non-finite input: garbage in, no crash) */
         memset(out->q, 0, sizeof out->q);
-        memset(out->qsum, 0, sizeof out->qsum);
+        if (offset) memset(out->off, 0, sizeof out->off);  /* (foff's zeros too) */
         out->s = 0.0f;
         return;
     }
@@ -129,89 +149,99 @@ static void quantize_block(const float *x, int limbs, int need, xblock *out) {
     out->s = amax / 127.0f;
 #if defined(RG_AVX512)
     __m512 r0 = _mm512_mul_ps(v0, _mm512_set1_ps(inv)), r1 = _mm512_mul_ps(v1, _mm512_set1_ps(inv));
+    __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();  /* qh's terms */
     for (int l = 0; l < limbs; l++) {
         const __m512 q0 = _mm512_roundscale_ps(r0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 q1 = _mm512_roundscale_ps(r1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
         _mm_storeu_si128((__m128i *)out->q[l], _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(out->q[l] + 16), _mm512_cvtepi32_epi8(i1));
-        if (need & NEED_QSUM) out->qsum[l] = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+        f0 = _mm512_fmadd_ps(q0, _mm512_set1_ps(LIMB_UNIT[l]), f0);
+        f1 = _mm512_fmadd_ps(q1, _mm512_set1_ps(LIMB_UNIT[l]), f1);
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
     }
+    if (offset) {
+        qh[0] = _mm512_reduce_add_ps(f0);
+        qh[1] = _mm512_reduce_add_ps(f1);
+    }
 #elif defined(RG_AVX2)
     for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
+    __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* qh's terms */
     for (int l = 0; l < limbs; l++) {
-        __m256i qs = _mm256_setzero_si256();
         __m256i q32[4];
         for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
             const __m256 q = _mm256_round_ps(v[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q32[i] = _mm256_cvtps_epi32(q);
-            qs = _mm256_add_epi32(qs, q32[i]);
+            f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(LIMB_UNIT[l]), f[i / 2]);
             v[i] = _mm256_mul_ps(_mm256_sub_ps(v[i], q), _mm256_set1_ps(LIMB_BASE));
         }
         /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
         const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
         _mm256_storeu_si256((__m256i *)out->q[l],
                             _mm256_permutevar8x32_epi32(w, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        if (need & NEED_QSUM) {
-            const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
-            const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, _MM_SHUFFLE(1, 0, 3, 2)));
-            out->qsum[l] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, _MM_SHUFFLE(2, 3, 0, 1))));
-        }
+    }
+    if (offset) {
+        qh[0] = hsum(f[0]);
+        qh[1] = hsum(f[1]);
     }
 #elif defined(RG_NEON)
     for (int i = 0; i < 8; i++) v[i] = vmulq_n_f32(v[i], inv);
+    float32x4_t f[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};  /* qh's terms */
     for (int l = 0; l < limbs; l++) {
-        int32x4_t qs = vdupq_n_s32(0);
         for (int i = 0; i < 8; i += 2) {  /* rounded to nearest even, as rintf */
             const float32x4_t q0 = vrndnq_f32(v[i]), q1 = vrndnq_f32(v[i + 1]);
             const int32x4_t i0 = vcvtq_s32_f32(q0), i1 = vcvtq_s32_f32(q1);
             vst1_s8(out->q[l] + 4 * i, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
-            qs = vaddq_s32(qs, vaddq_s32(i0, i1));
+            f[i / 4] = vfmaq_n_f32(f[i / 4], vaddq_f32(q0, q1), LIMB_UNIT[l]);
             v[i] = vmulq_n_f32(vsubq_f32(v[i], q0), LIMB_BASE);
             v[i + 1] = vmulq_n_f32(vsubq_f32(v[i + 1], q1), LIMB_BASE);
         }
-        out->qsum[l] = vaddvq_s32(qs);
     }
+    qh[0] = vaddvq_f32(f[0]);
+    qh[1] = vaddvq_f32(f[1]);
 #else
     float r[QK];
     for (int j = 0; j < QK; j++) r[j] = x[j] * inv;
     for (int l = 0; l < limbs; l++) {
-        int32_t qs = 0;
         for (int j = 0; j < QK; j++) {
             const float q = rintf(r[j]);
             out->q[l][j] = (int8_t)q;
-            qs += (int32_t)q;
+            qh[j / 16] += q * LIMB_UNIT[l];
             r[j] = (r[j] - q) * LIMB_BASE;
         }
-        out->qsum[l] = qs;
     }
 #endif
+    if (!offset) return;
+    for (int h = 0; h < halves; h++) {
+        const float q = halves == 2 ? qh[h] : qh[0] + qh[1];
+        if (limbs == 1) out->off[h] = -offset * (int32_t)q;
+        else out->foff[h] = (float)-offset * q;
+    }
 }
 
 typedef struct {
     const float *x;
     int64_t K;
-    int limbs, need;
+    int limbs, fmt;
     xblock *xq;
 } quantize_job;
 
 static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
     const quantize_job *j = (const quantize_job *)job;
     const int64_t nb = j->K / QK;
+    const int sums = xblock_sums(j->fmt), offset = xblock_offset(j->fmt), halves = FMT_HALVES(j->fmt);
     (void)tid;
     for (int64_t i = begin; i < end; i++)
-        for (int64_t b = 0; b < nb; b++) quantize_block(j->x + i * j->K + b * QK, j->limbs, j->need, j->xq + i * nb + b);
+        for (int64_t b = 0; b < nb; b++)
+            quantize_block(j->x + i * j->K + b * QK, j->limbs, sums, offset, halves, j->xq + i * nb + b);
 }
 
-/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums `need` (xblock_needs) asks for. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int need, xblock *xq, int nthreads) {
-    quantize_job job = {x, K, limbs, need, xq};
+/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums weight format fmt's products read. */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int fmt, xblock *xq, int nthreads) {
+    quantize_job job = {x, K, limbs, fmt, xq};
     rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_GUIDED, quantize_range, &job);
 }
-
-static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
 
 /* The scalar reference of `panel` (below) for every format: the same integer sums, combined in the same
  * order. SIMD builds run it for the formats their vector path does not read (none on x86). */
@@ -225,16 +255,18 @@ static void panel_ref(const int fmt, const int mr, const int limbs, const rg_pan
                 const xblock *xb = xq + i * nb + b;
                 const uint8_t *qb = v.qs + b * FMT_BLOCK_BYTES(fmt);
                 for (int h = 0; h < halves; h++) {
-                    int32_t a[LIMBS] = {0, 0, 0};
+                    /* rg_block_q reads signed 8-bit q as they are: only a format's own offset */
+                    int32_t a[LIMBS] = {FMT_OFFSET(fmt) && limbs == 1 ? xb->off[h] : 0, 0, 0};
                     for (int k = h * span; k < (h + 1) * span; k++) {
                         const int32_t q = rg_block_q(fmt, qb, c, k);
                         for (int l = 0; l < limbs; l++) a[l] += q * xb->q[l][k];
                     }
                     float d, m;
                     rg_block_dm(fmt, &v, b, h, c, &d, &m);
-                    const float sum = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                    float sum = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                    if (FMT_OFFSET(fmt) && limbs > 1) sum += xb->foff[h];
                     acc += sum * (d * xb->s);
-                    if (FMT_HAS_MIN(fmt)) acc += m * (halves == 2 ? xb->half_sum[h] : xb->sum);
+                    if (xblock_sums(fmt)) acc += m * xb->sum[halves == 2 ? h : 0];
                 }
             }
             y[i * ldy + c] = acc;
@@ -250,10 +282,11 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
                                                               const __m512 *d, const __m512 *m, const xblock *xb,
                                                               int64_t nb, __m512 *acc) {
     const int halves = FMT_HALVES(fmt);
-    __m512i a[ROWS_1LIMB][2][LIMBS];  /* [row][half][limb] */
+    __m512i a[ROWS_1LIMB][2][LIMBS];  /* [row][half][limb]; one limb starts from its offset's share */
     for (int r = 0; r < R; r++)
         for (int h = 0; h < halves; h++)
-            for (int l = 0; l < L; l++) a[r][h][l] = _mm512_setzero_si512();
+            for (int l = 0; l < L; l++)
+                a[r][h][l] = xblock_offset(fmt) && L == 1 ? _mm512_set1_epi32(xb[r * nb].off[h]) : _mm512_setzero_si512();
     for (int g = 0; g < 8; g++)
         for (int r = 0; r < R; r++)
             for (int l = 0; l < L; l++) {
@@ -266,15 +299,12 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     for (int r = 0; r < R; r++) {
         const xblock *x = xb + r * nb;
         for (int h = 0; h < halves; h++) {
-            if (fmt == FMT_I8H)
-                for (int l = 0; l < L; l++)
-                    a[r][h][l] = _mm512_sub_epi32(a[r][h][l], _mm512_set1_epi32(128 * x->qsum[l]));
             __m512 v = _mm512_cvtepi32_ps(a[r][h][0]);
             if (L > 1) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, v);
             if (L > 2) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
+            if (xblock_offset(fmt) && L > 1) v = _mm512_add_ps(v, _mm512_set1_ps(x->foff[h]));
             acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d[h], _mm512_set1_ps(x->s)), acc[r]);
-            if (FMT_HAS_MIN(fmt))
-                acc[r] = _mm512_fmadd_ps(m[h], _mm512_set1_ps(halves == 2 ? x->half_sum[h] : x->sum), acc[r]);
+            if (xblock_sums(fmt)) acc[r] = _mm512_fmadd_ps(m[h], _mm512_set1_ps(x->sum[halves == 2 ? h : 0]), acc[r]);
         }
     }
 }
@@ -309,7 +339,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < stored; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
 }
-#define PANEL_FORMATS 9 /* formats the vector path reads: all (FMT_BAD) */
+#define PANEL_READS(fmt) 1 /* formats the vector path reads: all */
 #elif defined(RG_AVX2)
 /* acc += the dword dot products of 4 unsigned weight bytes with 4 signed activation bytes. */
 static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
@@ -433,16 +463,14 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 for (int s = 0; s < halves; s++) {
                     __m256i a[LIMBS];
                     for (int l = 0; l < limbs; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
-#ifdef RG_AVXVNNI
-                    if (fmt == FMT_I8H)
-                        for (int l = 0; l < limbs; l++) a[l] = _mm256_sub_epi32(a[l], _mm256_set1_epi32(128 * xb->qsum[l]));
-#endif
+                    if (xblock_offset(fmt) && limbs == 1) a[0] = _mm256_add_epi32(a[0], _mm256_set1_epi32(xb->off[s]));
                     __m256 sum = _mm256_cvtepi32_ps(a[0]);
                     if (limbs > 1) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, sum);
                     if (limbs > 2) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
+                    if (xblock_offset(fmt) && limbs > 1) sum = _mm256_add_ps(sum, _mm256_set1_ps(xb->foff[s]));
                     acc[i] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
-                    if (FMT_HAS_MIN(fmt))
-                        acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(halves == 2 ? xb->half_sum[s] : xb->sum), acc[i]);
+                    if (xblock_sums(fmt))
+                        acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(xb->sum[halves == 2 ? s : 0]), acc[i]);
                 }
             }
         }
@@ -454,7 +482,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         }
     }
 }
-#define PANEL_FORMATS 9
+#define PANEL_READS(fmt) 1
 #elif defined(RG_NEON)
 /* Group g's weights of block qb (k = 4g .. 4g + 3 of the 16 rows) as signed bytes, rows 4h .. 4h + 3 in
  * w[h]: each int32 lane of sdot's products is then one output row. 4-bit q (0..15) fit int8 as they
@@ -480,12 +508,12 @@ static inline __attribute__((always_inline)) void neon_weights(const int bits, c
             for (int h = 0; h < 4; h++) a[l][h] = vdotq_laneq_s32(a[l][h], w[h], x[l][(G) / 4], (G) % 4); \
     } while (0)
 
-/* `panel` on 4-float vectors for the fp16 formats (U4H, I8H) (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
+/* `panel` on 4-float vectors for the fp16 formats (U4H, O4H, I8H) (rows c = 4h .. 4h + 3 in vector h), one activation row at a time: its
  * limbs' int32 sums (up to 12; the unused limbs' stay zero) stay in registers over the block's 8 groups. */
 static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const int limbs, const rg_panel v,
                                                          int64_t nb, const xblock *xq, float *y, int64_t ldy,
                                                          int64_t nvalid, int stored) {
-    const int bits = fmt == FMT_U4H ? 4 : 8;
+    const int bits = fmt == FMT_I8H ? 8 : 4;
     const uint8_t *qs = v.qs;
     const uint16_t *d16 = (const uint16_t *)v.d, *m16 = (const uint16_t *)v.m;
     float32x4_t acc[MR][4];
@@ -497,7 +525,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         float32x4_t d[4], m[4];
         for (int h = 0; h < 4; h++) {
             d[h] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(d16 + b * NR + 4 * h)));
-            m[h] = bits == 4 ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m16 + b * NR + 4 * h))) : vdupq_n_f32(0.0f);
+            m[h] = xblock_sums(fmt) ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m16 + b * NR + 4 * h))) : vdupq_n_f32(0.0f);
         }
         for (int i = 0; i < mr; i++) {
             const xblock *xb = xq + i * nb + b;
@@ -506,16 +534,18 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
             for (int l = 0; l < LIMBS; l++) {
                 x[l][0] = vld1q_s8(xb->q[l]);
                 x[l][1] = vld1q_s8(xb->q[l] + 16);
-                for (int h = 0; h < 4; h++) a[l][h] = vdupq_n_s32(0);
+                for (int h = 0; h < 4; h++)  /* one limb starts from its offset's share (xblock_offset) */
+                    a[l][h] = vdupq_n_s32(xblock_offset(fmt) && l == 0 && limbs == 1 ? xb->off[0] : 0);
             }
             NEON_GROUP(0); NEON_GROUP(1); NEON_GROUP(2); NEON_GROUP(3);
             NEON_GROUP(4); NEON_GROUP(5); NEON_GROUP(6); NEON_GROUP(7);
-            const float32x4_t ds_ = vdupq_n_f32(xb->s), sum = vdupq_n_f32(xb->sum);
+            const float32x4_t ds_ = vdupq_n_f32(xb->s), sum = vdupq_n_f32(xblock_sums(fmt) ? xb->sum[0] : 0.0f);
+            const float32x4_t foff = vdupq_n_f32(xblock_offset(fmt) && limbs > 1 ? xb->foff[0] : 0.0f);
             for (int h = 0; h < 4; h++) {
                 float32x4_t v = vfmaq_n_f32(vcvtq_f32_s32(a[0][h]), vcvtq_f32_s32(a[1][h]), C1);
-                v = vfmaq_n_f32(v, vcvtq_f32_s32(a[2][h]), C2);
+                v = vaddq_f32(vfmaq_n_f32(v, vcvtq_f32_s32(a[2][h]), C2), foff);
                 acc[i][h] = vfmaq_f32(acc[i][h], v, vmulq_f32(d[h], ds_));
-                if (bits == 4) acc[i][h] = vfmaq_f32(acc[i][h], m[h], sum);
+                if (xblock_sums(fmt)) acc[i][h] = vfmaq_f32(acc[i][h], m[h], sum);
             }
         }
     }
@@ -526,9 +556,9 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
     }
 }
 #undef NEON_GROUP
-#define PANEL_FORMATS 2 /* U4H and I8H; the others take panel_ref */
+#define PANEL_READS(fmt) ((fmt) == FMT_U4H || (fmt) == FMT_O4H || (fmt) == FMT_I8H) /* the others: panel_ref */
 #else
-#define PANEL_FORMATS 0 /* the scalar build: panel_ref for all */
+#define PANEL_READS(fmt) 0 /* the scalar build: panel_ref for all */
 #endif
 
 /* `panel` (or `panel_ref`) with the format, mr and limbs compile-time constants (accumulators in registers).
@@ -537,20 +567,22 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
 static void panel_any(int fmt, int mr, int limbs, const rg_panel v, int64_t nb, const xblock *xq, float *y,
                       int64_t ldy, int64_t nvalid, int stored) {
     (void)mr;  /* (the scalar build's panel_ref takes the stored rows only) */
-    if (fmt >= PANEL_FORMATS) {
+    if (!PANEL_READS(fmt)) {
         panel_ref(fmt, stored, limbs, v, nb, xq, y, ldy, nvalid);
         return;
     }
-#if PANEL_FORMATS > 0
+#if defined(RG_AVX512) || defined(RG_AVX2) || defined(RG_NEON)
 #define FORMATS(R, L)                                                                        \
     switch (fmt) {                                                                           \
         case FMT_U4H: panel(FMT_U4H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
+        case FMT_O4H: panel(FMT_O4H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
         case FMT_I8H: panel(FMT_I8H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;       \
         PANEL_CASES_MORE(R, L)                                                               \
     }                                                                                        \
     return;
-#if PANEL_FORMATS > 2
+#if !defined(RG_NEON)
 #define PANEL_CASES_MORE(R, L)                                                         \
+    case FMT_O5H: panel(FMT_O5H, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
     case FMT_U4F: panel(FMT_U4F, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
     case FMT_U8F: panel(FMT_U8F, R, L, v, nb, xq, y, ldy, nvalid, stored); return;     \
     case FMT_U8F2: panel(FMT_U8F2, R, L, v, nb, xq, y, ldy, nvalid, stored); return;   \
@@ -612,13 +644,13 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
         (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    if (limbs == LIMBS && M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_I8H) && amx_ready())
+    if (limbs == LIMBS && M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H) && amx_ready())
         return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(rows * nb));
     if (xq == NULL) return -1;
-    quantize_rows(x, M, k, limbs, xblock_needs(fmt), xq, nthreads);
+    quantize_rows(x, M, k, limbs, fmt, xq, nthreads);
     memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     rg_parallel(nthreads, panels, RG_GUIDED, panels_range, &job);
