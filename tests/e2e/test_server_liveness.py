@@ -101,12 +101,23 @@ print(json.dumps(out))
 
 def test_health_and_other_clients_stay_live_under_abuse(srv, tmp_path):
     assert chat(srv, "warm up", "warm", max_tokens=2).status_code == 200
-    rss_before = rss_mb(srv.proc.pid)
     deep = '{"type":"object","properties":{"a":' * 450 + '{"type":"string"}' + "}}" * 450  # 901 levels
     big = b'{"messages": [{"role": "user", "content": "' + b"a " * (25 * 1024 * 1024) + b'"}]}'  # 50 MB
+
+    def post_big() -> httpx.Response:
+        return httpx.post(srv.url + CHAT, content=big, timeout=120,
+                          headers={**AUTH, "content-type": "application/json"})
+
+    # The 50 MB body alone first: what it leaves once the heap is trimmed (below, the abandoned 900-deep
+    # compile keeps running and allocating for ~35 s, so the RSS then measures how far it got)
+    rss_before = rss_mb(srv.proc.pid)
+    assert post_big().status_code == 400
+    time.sleep(2)  # the heap is trimmed shortly after a large request
+    grown = rss_mb(srv.proc.pid) - rss_before
+    print(f"\nRSS {rss_before:.0f} MB -> +{grown:.0f} MB after the 50 MB body")
+    assert grown < 40, f"RSS grew {grown:.0f} MB after the 50 MB body and stayed"
     abusive = {
-        "50MB body": lambda: httpx.post(srv.url + CHAT, content=big, timeout=120,
-                                        headers={**AUTH, "content-type": "application/json"}),
+        "50MB body": post_big,
         "900-deep schema": lambda: httpx.post(srv.url + CHAT, headers={**AUTH, "content-type": "application/json"},
                                               timeout=120, content=(
             '{"user":"abuser","max_tokens":4,"messages":[{"role":"user","content":"hi"}],"response_format":'
@@ -142,11 +153,7 @@ def test_health_and_other_clients_stay_live_under_abuse(srv, tmp_path):
     dumps = loop_stall_dumps(srv.log.read_text())  # every thread's stack at each stall past 0.8 s
     print(f"\n{len(dumps)} event-loop stall dump(s)", *dumps, sep="\n")
     assert max(health) < 1.0, f"/health took up to {max(health):.2f} s ({len(health)} polls); stacks:\n{dumps}"
-    time.sleep(2)  # the heap is trimmed shortly after a large request
-    grown = rss_mb(srv.proc.pid) - rss_before
-    print(f"\n/health max {max(health):.3f} s over {len(health)} polls; bystanders {bystander_s:.2f} s; "
-          f"RSS {rss_before:.0f} MB -> +{grown:.0f} MB after the 50 MB body")
-    assert grown < 150, f"RSS grew {grown:.0f} MB and stayed"
+    print(f"\n/health max {max(health):.3f} s over {len(health)} polls; bystanders {bystander_s:.2f} s")
 
 
 def test_full_queue_is_429_with_retry_after(srv):
