@@ -130,7 +130,7 @@ static void split_range(void *job, int64_t begin, int64_t end, int tid) {
 static void split_rows(const float *x, int64_t rows, int64_t rows_pad, int64_t K, uint16_t *tiles, float *sums,
                        int nthreads) {
     split_job job = {x, rows, K, tiles, sums};
-    rg_parallel(rows * K >= 65536 ? nthreads : 1, rows_pad, RG_GUIDED, split_range, &job);
+    rg_parallel(rows * K >= 65536 ? nthreads : 1, rows_pad, RG_STATIC, split_range, &job);
 }
 
 /* bfloat16 of q = 0..15 (exact), split in bytes for vpshufb lookups */
@@ -302,7 +302,7 @@ int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t 
         split_rows(x + i0 * K, rows, rows_pad, K, limbs, sums, nthreads);
         pairs_job job = {bits, qs, d16, m16, nb, panels, panel_bytes, N, limbs, sums, rows, rows_pad, scratch,
                          per_thread, y + i0 * N};
-        rg_parallel(nthreads, pairs, RG_GUIDED, pairs_range, &job);
+        rg_parallel(nthreads, pairs, RG_STATIC, pairs_range, &job);
     }
     return 0;
 }

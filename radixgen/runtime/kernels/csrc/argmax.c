@@ -84,7 +84,7 @@ int argmax_rows(const float *x, int64_t B, int64_t V, int64_t *out, int nthreads
     if (best == NULL) return -1;
     int64_t *where = (int64_t *)(best + floats);
     argmax_job job = {x, V, chunks, best, where};
-    rg_parallel(B * V >= PARALLEL_MIN ? nthreads : 1, n, RG_GUIDED, argmax_chunks, &job);
+    rg_parallel(B * V >= PARALLEL_MIN ? nthreads : 1, n, RG_STATIC, argmax_chunks, &job);
     for (int64_t b = 0; b < B; b++) {  /* chunks in order: a later chunk wins only by a larger value */
         int64_t k = b * chunks;
         for (int64_t c = 1; c < chunks; c++)

@@ -53,6 +53,6 @@ int apply_bitmask(float *logits, const int32_t *bitmask, int64_t B, int64_t V, i
     if (B < 1 || V < 1 || W * 32 < V || nthreads < 1) return -1;
     const int64_t items_per_row = ((V + 31) / 32 + WORDS_PER_ITEM - 1) / WORDS_PER_ITEM;
     mask_job job = {logits, bitmask, V, W, items_per_row};
-    rg_parallel(B * V >= 65536 ? nthreads : 1, B * items_per_row, RG_GUIDED, mask_items, &job);
+    rg_parallel(B * V >= 65536 ? nthreads : 1, B * items_per_row, RG_STATIC, mask_items, &job);
     return 0;
 }

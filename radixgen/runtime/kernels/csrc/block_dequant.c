@@ -152,10 +152,10 @@ int block_dequant_rows(const rg_block_weight *w, int64_t n, int64_t k, const int
     for (int64_t i = 1; whole && i < n_rows; i++) whole = rows[i] == rows[0] + i;
     if (whole) {
         const int64_t first = rows[0] / NR, last = (rows[0] + n_rows - 1) / NR;
-        rg_parallel(threads, last + 1 - first, RG_GUIDED, dequant_panels, &job);
+        rg_parallel(threads, last + 1 - first, RG_STATIC, dequant_panels, &job);
         return 0;
     }
 #endif
-    rg_parallel(threads, n_rows, RG_GUIDED, dequant_range, &job);
+    rg_parallel(threads, n_rows, RG_STATIC, dequant_range, &job);
     return 0;
 }

@@ -240,7 +240,7 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
 /* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums weight format fmt's products read. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int fmt, xblock *xq, int nthreads) {
     quantize_job job = {x, K, limbs, fmt, xq};
-    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_GUIDED, quantize_range, &job);
+    rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
 }
 
 /* The scalar reference of `panel` (below) for every format: the same integer sums, combined in the same
@@ -653,7 +653,8 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     quantize_rows(x, M, k, limbs, fmt, xq, nthreads);
     memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
-    rg_parallel(nthreads, panels, RG_GUIDED, panels_range, &job);
+    /* a panel over a whole tile of rows costs more than a claim: runs shrink to single panels at the end */
+    rg_parallel(nthreads, panels, M >= MR ? RG_GUIDED : RG_STATIC, panels_range, &job);
     return 0;
 }
 

@@ -651,7 +651,7 @@ int decode_attention(const float *q, const void *k_buf, const void *v_buf, int k
                          chunk_req, chunk_idx, first_chunk, unit_chunks, unit_first, (float *)(mem + map_bytes), out,
                          lse};
     rg_parallel(nthreads, units, RG_DYNAMIC, attention_chunks, &job);
-    rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_GUIDED, attention_merge, &job);
+    rg_parallel(B * H * D >= 65536 ? nthreads : 1, B * Hkv, RG_STATIC, attention_merge, &job);
     return 0;
 }
 

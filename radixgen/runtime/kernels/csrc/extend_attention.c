@@ -266,7 +266,7 @@ int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, c
     extend_job job = {q, q_stride, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
                       window, scale, q_first, pack_first, key_base, pack_items_first, (uint32_t *)(mem + map_bytes),
                       out};
-    rg_parallel(nthreads, pack_items_n, RG_GUIDED, pack_items, &job);
+    rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
     job.item_first = attend_first;
     rg_parallel(nthreads, attend_items_n, RG_DYNAMIC, attend_items, &job);
     return 0;

@@ -83,7 +83,7 @@ static void norm_rows(void *job, int64_t begin, int64_t end, int tid) {
 void add_rms_norm(float *h, const float *delta, const float *w, int64_t T, int64_t n, float eps, float *out,
                   int nthreads) {
     norm_job job = {h, delta, w, n, eps, out};
-    rg_parallel(T * n >= PARALLEL_MIN ? nthreads : 1, T, RG_GUIDED, norm_rows, &job);
+    rg_parallel(T * n >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, norm_rows, &job);
 }
 
 typedef struct {
@@ -130,7 +130,7 @@ static void silu_rows(void *job, int64_t begin, int64_t end, int tid) {
 /* gu [T, 2 * inter] = [gate | up] -> out [T, inter] = silu(gate) * up. */
 void silu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads) {
     silu_job job = {gu, inter, out};
-    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_GUIDED, silu_rows, &job);
+    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, silu_rows, &job);
 }
 
 typedef struct {
@@ -191,7 +191,7 @@ static void gelu_rows(void *job, int64_t begin, int64_t end, int tid) {
 /* gu [T, 2 * inter] = [gate | up] -> out [T, inter] = gelu_tanh(gate) * up (GeGLU). */
 void gelu_mul(const float *gu, int64_t T, int64_t inter, float *out, int nthreads) {
     gelu_job job = {gu, inter, out};
-    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_GUIDED, gelu_rows, &job);
+    rg_parallel(T * inter >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, gelu_rows, &job);
 }
 
 typedef struct {
@@ -249,5 +249,5 @@ void rope_store(float *qkv, int64_t T, int64_t H, int64_t Hkv, int64_t D, const 
                 const int64_t *positions, const int64_t *loc, void *k_buf, void *v_buf, int kv_dtype,
                 const float *q_norm, const float *k_norm, float eps, int nthreads) {
     rope_job job = {qkv, H, Hkv, D, cos_t, sin_t, positions, loc, k_buf, v_buf, kv_dtype, q_norm, k_norm, eps};
-    rg_parallel(T * (H + 2 * Hkv) * D >= PARALLEL_MIN ? nthreads : 1, T, RG_GUIDED, rope_rows, &job);
+    rg_parallel(T * (H + 2 * Hkv) * D >= PARALLEL_MIN ? nthreads : 1, T, RG_STATIC, rope_rows, &job);
 }

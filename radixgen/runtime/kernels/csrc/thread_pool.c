@@ -71,7 +71,7 @@ typedef struct {
     rg_range_fn fn;              /* the current region (written before `generation` is bumped) */
     void *ctx;
     int64_t n;
-    int nthreads, guided;
+    int nthreads, schedule;
     uint64_t solo_until;         /* regions start before this (CLOCK_MONOTONIC ns) run on the caller alone */
     uint64_t window_own, window_wait; /* the current window's own work and waits for workers (ns) */
     int window_misses;           /* the current window's waits of WAIT_NS or more */
@@ -88,13 +88,14 @@ static uint64_t now_ns(void) {
     return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-/* Claim and run runs of items until none are left: RG_GUIDED runs of the items left / (2 nthreads) (at
- * least one), RG_DYNAMIC single items. */
+/* Claim and run runs of items until none are left (thread_pool.h: the schedules). */
 static void run_items(int tid) {
     int64_t begin = atomic_load_explicit(&pool.next, memory_order_relaxed);
     while (begin < pool.n) {
-        int64_t run = pool.guided ? (pool.n - begin) / (2 * pool.nthreads) : 1;
+        int64_t run = pool.schedule == RG_STATIC ? (pool.n + 4 * pool.nthreads - 1) / (4 * pool.nthreads)
+                      : pool.schedule == RG_GUIDED ? (pool.n - begin) / (2 * pool.nthreads) : 1;
         if (run < 1) run = 1;
+        if (run > pool.n - begin) run = pool.n - begin;
         if (atomic_compare_exchange_weak_explicit(&pool.next, &begin, begin + run, memory_order_relaxed,
                                                   memory_order_relaxed)) {
             pool.fn(pool.ctx, begin, begin + run, tid);
@@ -214,7 +215,7 @@ void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ct
     pool.ctx = ctx;
     pool.n = n;
     pool.nthreads = nthreads;
-    pool.guided = schedule == RG_GUIDED;
+    pool.schedule = schedule;
     atomic_store_explicit(&pool.next, 0, memory_order_relaxed);
     const uint32_t g = atomic_load(&pool.generation) + 1;
     atomic_store(&pool.state, (uint64_t)g << 32);

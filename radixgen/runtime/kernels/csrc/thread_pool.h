@@ -6,14 +6,15 @@
 /* Runs items [begin, end) on thread `tid` (0 is the caller, 1 .. nthreads - 1 the pool's workers). */
 typedef void (*rg_range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 
-enum { RG_GUIDED, RG_DYNAMIC };
+enum { RG_STATIC, RG_GUIDED, RG_DYNAMIC };
 
 /* fn over items [0, n) on up to nthreads threads, the calling thread one of them; returns when all
- * are done. Threads claim runs of items: RG_GUIDED contiguous runs that shrink as the items run out
- * (each the items left / (2 nthreads)), so few claims take most items and the threads finish within
- * an item of each other, and a late or busy thread's share is taken by the others; RG_DYNAMIC one
- * item at a time. Which thread runs which items varies, so fn's results must not depend on it (tid
- * only picks per-thread scratch). With nthreads <= 1, n <= 1, or the pool busy with another caller's
+ * are done. Threads claim contiguous runs of items, so a late or busy thread's share is taken by the
+ * others: RG_STATIC four runs per thread (cheap items: few claims, each a contended cache line);
+ * RG_GUIDED runs that shrink as the items run out (each the items left / (2 nthreads), down to one),
+ * so the threads finish within an item of each other (costly items: a GEMM's panels over many rows);
+ * RG_DYNAMIC one item at a time. Which thread runs which items varies, so fn's results must not depend
+ * on it (tid only picks per-thread scratch). With nthreads <= 1, n <= 1, or the pool busy with another caller's
  * region (another thread's, or a nested call), everything runs on the calling thread as tid 0. */
 void rg_parallel(int nthreads, int64_t n, int schedule, rg_range_fn fn, void *ctx);
 
