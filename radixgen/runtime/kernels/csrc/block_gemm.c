@@ -81,8 +81,9 @@ static inline int xblock_offset(const int fmt) { return fmt == FMT_I8H ? SIGNED8
 /* The float sums of x fmt's mins multiply: 0 (no mins, or an offset instead), 1 (the block's), 2 (its halves'). */
 static inline int xblock_sums(const int fmt) { return FMT_HAS_MIN(fmt) && !FMT_OFFSET(fmt) ? FMT_HALVES(fmt) : 0; }
 
-static const float C1 = 1.0f / LIMB_BASE, C2 = 1.0f / (LIMB_BASE * LIMB_BASE);
-static const float LIMB_UNIT[LIMBS] = {1.0f, 1.0f / LIMB_BASE, 1.0f / (LIMB_BASE * LIMB_BASE)};
+#define C1 (1.0f / LIMB_BASE)                 /* the second limb's unit */
+#define C2 (1.0f / (LIMB_BASE * LIMB_BASE))   /* the third's */
+static const float LIMB_UNIT[LIMBS] = {1.0f, C1, C2};
 
 /* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
  * nonzero `offset`, off (one limb) or foff (more), per half block where halves is 2; the rest is left
