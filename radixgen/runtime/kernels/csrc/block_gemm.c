@@ -157,8 +157,10 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         const __m512i i0 = _mm512_cvtps_epi32(q0), i1 = _mm512_cvtps_epi32(q1);
         _mm_storeu_si128((__m128i *)out->q[l], _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(out->q[l] + 16), _mm512_cvtepi32_epi8(i1));
-        f0 = _mm512_fmadd_ps(q0, _mm512_set1_ps(LIMB_UNIT[l]), f0);
-        f1 = _mm512_fmadd_ps(q1, _mm512_set1_ps(LIMB_UNIT[l]), f1);
+        if (offset) {
+            f0 = _mm512_fmadd_ps(q0, _mm512_set1_ps(LIMB_UNIT[l]), f0);
+            f1 = _mm512_fmadd_ps(q1, _mm512_set1_ps(LIMB_UNIT[l]), f1);
+        }
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
     }
@@ -174,7 +176,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
             const __m256 q = _mm256_round_ps(v[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q32[i] = _mm256_cvtps_epi32(q);
-            f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(LIMB_UNIT[l]), f[i / 2]);
+            if (offset) f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(LIMB_UNIT[l]), f[i / 2]);
             v[i] = _mm256_mul_ps(_mm256_sub_ps(v[i], q), _mm256_set1_ps(LIMB_BASE));
         }
         /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
@@ -194,13 +196,15 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
             const float32x4_t q0 = vrndnq_f32(v[i]), q1 = vrndnq_f32(v[i + 1]);
             const int32x4_t i0 = vcvtq_s32_f32(q0), i1 = vcvtq_s32_f32(q1);
             vst1_s8(out->q[l] + 4 * i, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
-            f[i / 4] = vfmaq_n_f32(f[i / 4], vaddq_f32(q0, q1), LIMB_UNIT[l]);
+            if (offset) f[i / 4] = vfmaq_n_f32(f[i / 4], vaddq_f32(q0, q1), LIMB_UNIT[l]);
             v[i] = vmulq_n_f32(vsubq_f32(v[i], q0), LIMB_BASE);
             v[i + 1] = vmulq_n_f32(vsubq_f32(v[i + 1], q1), LIMB_BASE);
         }
     }
-    qh[0] = vaddvq_f32(f[0]);
-    qh[1] = vaddvq_f32(f[1]);
+    if (offset) {
+        qh[0] = vaddvq_f32(f[0]);
+        qh[1] = vaddvq_f32(f[1]);
+    }
 #else
     float r[QK];
     for (int j = 0; j < QK; j++) r[j] = x[j] * inv;
@@ -208,7 +212,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         for (int j = 0; j < QK; j++) {
             const float q = rintf(r[j]);
             out->q[l][j] = (int8_t)q;
-            qh[j / 16] += q * LIMB_UNIT[l];
+            if (offset) qh[j / 16] += q * LIMB_UNIT[l];
             r[j] = (r[j] - q) * LIMB_BASE;
         }
     }
@@ -317,7 +321,8 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                                                          int64_t nvalid, int stored) {
     __m512 acc[MR];
     for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();  /* all MR: `stored` <= mr is not known here */
-    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
+    const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), scale_bytes = FMT_SCALE_BYTES(fmt);
+    const int64_t min_bytes = xblock_sums(fmt) ? FMT_MIN_BYTES(fmt) : 0;  /* an offset format's are not read */
     for (int64_t b = 0; b < nb; b++) {
         /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
         const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
@@ -424,7 +429,8 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                                                          int64_t nvalid, int stored) {
     const __m256 c1 = _mm256_set1_ps(C1), c2 = _mm256_set1_ps(C2);
     const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), halves = FMT_HALVES(fmt);
-    const int64_t scale_bytes = FMT_SCALE_BYTES(fmt), min_bytes = FMT_MIN_BYTES(fmt);
+    const int64_t scale_bytes = FMT_SCALE_BYTES(fmt);
+    const int64_t min_bytes = xblock_sums(fmt) ? FMT_MIN_BYTES(fmt) : 0;  /* an offset format's are not read */
     for (int h = 0; h < 2; h++) {
         __m256 acc[MR];
         for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
