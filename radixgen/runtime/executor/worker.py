@@ -25,10 +25,10 @@ the scheduler is waiting for them to build the next batch.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -106,16 +106,16 @@ class ModelWorker:
         held: tuple[_Results, Future] | None = None  # the last batch's results, for the next one's kernel start
         while (item := self._queue.get()) is not None:
             batch, fut = item
-            deliver_held = self._delivery(held)
-            held = None
-            batch.forward.before_kernels = deliver_held
+            if held is not None:
+                batch.forward.before_kernels = functools.partial(self._deliver, *held)
+                held = None
             try:
                 logits = self._launch(batch)
             except Exception as e:  # surfaces on the scheduler thread
                 fut.set_exception(e)
                 continue
-            finally:
-                deliver_held()  # (where the forward did not: it failed, or took no hook) before sampling waits on it
+            finally:  # (where the forward did not: it failed, or took no hook) before sampling waits on it
+                batch.forward.kernels_start()
             try:
                 results = self._sample(batch, logits)
             except Exception as e:  # surfaces on the scheduler thread
@@ -128,21 +128,10 @@ class ModelWorker:
                 self._deliver(results, fut)
             else:
                 held = (results, fut)
-        self._delivery(held)()
+        if held is not None:
+            self._deliver(*held)
         if self._results is not None:
             self._results.put(None)
-
-    def _delivery(self, held: tuple[_Results, Future] | None) -> Callable[[], None]:
-        """A call that delivers `held` (a batch's results and future) the first time it runs."""
-        box = [held]
-
-        def deliver() -> None:
-            if box[0] is not None:
-                results, fut = box[0]
-                box[0] = None
-                self._deliver(results, fut)
-
-        return deliver
 
     def _start_reader(self) -> None:
         if self._reader is None:
