@@ -29,6 +29,7 @@
  * depend on its batch-mates. Panels are split over the kernels' threads (thread_pool.c).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,20 +53,29 @@
 #define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
 #endif
 
-/* One block of one activation row in limbs (128 bytes), with what its weight format's products add: the
- * float sums its mins multiply (free mins), or the integer sums its offset multiplies (offset formats). */
+/* One block of one activation row: its scale, what its weight format's products add (the float sums its
+ * mins multiply, free mins, or the integer sums its offset multiplies, offset formats), then its limbs.
+ * Only a GEMM's `limbs` limbs are stored, so a row's blocks lie XBLOCK_BYTES(limbs) apart (48, 80 or 112
+ * bytes, xblock_at): every panel streams all the activation rows past its weights, and a prefill's one or
+ * two limbs are then 2.7x or 1.6x fewer bytes than three limbs' room. */
 typedef struct {
-    int8_t q[LIMBS][QK];
     float s;                   /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
     union {                    /* per scale: the block ([0]) or each half (x 0..15, 16..31) */
         float sum[2];          /* free mins: the sums of x */
         int32_t off[2];        /* an offset, one limb: -offset * the sum of q0 (the limb sum's start) */
         float foff[2];         /* an offset, more limbs: -offset * (the sums of q0 + q1 / 254 + q2 / 254^2) */
     };
-    int32_t pad[5];
+    int32_t pad;
+    int8_t q[LIMBS][QK];       /* the first `limbs` only */
 } xblock;
 
-_Static_assert(sizeof(xblock) == 128, "xblock is two cache lines");
+#define XBLOCK_BYTES(limbs) ((int64_t)offsetof(xblock, q) + QK * (int64_t)(limbs))
+_Static_assert(offsetof(xblock, q) == 16, "an xblock's limbs start 16 bytes in");
+
+/* Block i (row * blocks per row + block) of activations stored in `limbs` limbs. */
+static inline const xblock *xblock_at(const xblock *xq, int64_t i, int limbs) {
+    return (const xblock *)((const char *)xq + i * XBLOCK_BYTES(limbs));
+}
 
 /* x86's vector paths read signed 8-bit q as unsigned (q + 128: vpdpbusd's unsigned side), an offset of
  * 128 their sums take off like a format's own; the others multiply signed q as they are. */
@@ -141,7 +151,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
     }
 #endif
     if (!(amax > 0.0f) || !isfinite(amax)) {  /* zeros (or non-finite input: garbage in, no crash) */
-        memset(out->q, 0, sizeof out->q);
+        memset(out->q, 0, (size_t)(QK * limbs));
         if (offset) memset(out->off, 0, sizeof out->off);  /* (foff's zeros too) */
         out->s = 0.0f;
         return;
@@ -239,10 +249,11 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
     (void)tid;
     for (int64_t i = begin; i < end; i++)
         for (int64_t b = 0; b < nb; b++)
-            quantize_block(j->x + i * j->K + b * QK, j->limbs, sums, offset, halves, j->xq + i * nb + b);
+            quantize_block(j->x + i * j->K + b * QK, j->limbs, sums, offset, halves,
+                           (xblock *)xblock_at(j->xq, i * nb + b, j->limbs));
 }
 
-/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs, with the sums weight format fmt's products read. */
+/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs (XBLOCK_BYTES(limbs) each), with the sums weight format fmt's products read. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int fmt, xblock *xq, int nthreads) {
     quantize_job job = {x, K, limbs, fmt, xq};
     rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
@@ -257,7 +268,7 @@ static void panel_ref(const int fmt, const int mr, const int limbs, const rg_pan
         for (int64_t c = 0; c < nvalid; c++) {
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const xblock *xb = xq + i * nb + b;
+                const xblock *xb = xblock_at(xq, i * nb + b, limbs);
                 const uint8_t *qb = v.qs + b * FMT_BLOCK_BYTES(fmt);
                 for (int h = 0; h < halves; h++) {
                     /* rg_block_q reads signed 8-bit q as they are: only a format's own offset */
@@ -279,7 +290,7 @@ static void panel_ref(const int fmt, const int mr, const int limbs, const rg_pan
 }
 
 #if defined(RG_AVX512)
-/* acc[r] += block b's products for R rows (xb[r * nb]) of one panel (w: its 8 weight vectors; d, m: its
+/* acc[r] += block b's products for R rows (xblock_at(xb, r * nb, L)) of one panel (w: its 8 weight vectors; d, m: its
  * scales and mins, one per half block). The rows' limb sums are independent dependency chains,
  * interleaved so that vpdpbusd's latency is hidden; being integer sums, their order does not change any
  * result. */
@@ -291,18 +302,19 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     for (int r = 0; r < R; r++)
         for (int h = 0; h < halves; h++)
             for (int l = 0; l < L; l++)
-                a[r][h][l] = xblock_offset(fmt) && L == 1 ? _mm512_set1_epi32(xb[r * nb].off[h]) : _mm512_setzero_si512();
+                a[r][h][l] = xblock_offset(fmt) && L == 1 ? _mm512_set1_epi32(xblock_at(xb, r * nb, L)->off[h])
+                                                          : _mm512_setzero_si512();
     for (int g = 0; g < 8; g++)
         for (int r = 0; r < R; r++)
             for (int l = 0; l < L; l++) {
                 int32_t x4;
-                memcpy(&x4, xb[r * nb].q[l] + 4 * g, 4);
+                memcpy(&x4, xblock_at(xb, r * nb, L)->q[l] + 4 * g, 4);
                 const int h = halves == 2 ? g / 4 : 0;
                 a[r][h][l] = _mm512_dpbusd_epi32(a[r][h][l], w[g], _mm512_set1_epi32(x4));
             }
     const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
     for (int r = 0; r < R; r++) {
-        const xblock *x = xb + r * nb;
+        const xblock *x = xblock_at(xb, r * nb, L);
         for (int h = 0; h < halves; h++) {
             __m512 v = _mm512_cvtepi32_ps(a[r][h][0]);
             if (L > 1) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, v);
@@ -339,8 +351,9 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         weights16(fmt, v.qs + b * block_bytes, w);
         const int step = limbs == 1 ? ROWS_1LIMB : 2;  /* rows whose sums interleave (all in registers) */
         int i = 0;
-        for (; i + step <= mr; i += step) rows_block(step, limbs, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
-        for (; i < mr; i++) rows_block(1, limbs, fmt, w, d, m, xq + i * nb + b, nb, acc + i);
+        for (; i + step <= mr; i += step)
+            rows_block(step, limbs, fmt, w, d, m, xblock_at(xq, i * nb + b, limbs), nb, acc + i);
+        for (; i < mr; i++) rows_block(1, limbs, fmt, w, d, m, xblock_at(xq, i * nb + b, limbs), nb, acc + i);
     }
     const __mmask16 keep = (__mmask16)((1u << nvalid) - 1u);
     for (int i = 0; i < stored; i++) _mm512_mask_storeu_ps(y + i * ldy, keep, acc[i]);
@@ -466,7 +479,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 }
             }
             for (int i = 0; i < mr; i++) {
-                const xblock *xb = xq + i * nb + b;
+                const xblock *xb = xblock_at(xq, i * nb + b, limbs);
                 for (int s = 0; s < halves; s++) {
                     __m256i a[LIMBS];
                     for (int l = 0; l < limbs; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
@@ -535,12 +548,14 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
             m[h] = xblock_sums(fmt) ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(m16 + b * NR + 4 * h))) : vdupq_n_f32(0.0f);
         }
         for (int i = 0; i < mr; i++) {
-            const xblock *xb = xq + i * nb + b;
+            const xblock *xb = xblock_at(xq, i * nb + b, limbs);
             int8x16_t x[LIMBS][2];
             int32x4_t a[LIMBS][4];
             for (int l = 0; l < LIMBS; l++) {
-                x[l][0] = vld1q_s8(xb->q[l]);
-                x[l][1] = vld1q_s8(xb->q[l] + 16);
+                if (l < limbs) {  /* (only those are stored) */
+                    x[l][0] = vld1q_s8(xb->q[l]);
+                    x[l][1] = vld1q_s8(xb->q[l] + 16);
+                }
                 for (int h = 0; h < 4; h++)  /* one limb starts from its offset's share (xblock_offset) */
                     a[l][h] = vdupq_n_s32(xblock_offset(fmt) && l == 0 && limbs == 1 ? xb->off[0] : 0);
             }
@@ -632,7 +647,7 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
         const rg_panel v = rg_panel_of(j->fmt, j->w, j->nb, p);
         for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
             const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
-            panel_any(j->fmt, mr, j->limbs, v, j->nb, j->xq + i0 * j->nb, j->y + i0 * j->n + p * NR, j->n, nvalid, mr);
+            panel_any(j->fmt, mr, j->limbs, v, j->nb, xblock_at(j->xq, i0 * j->nb, j->limbs), j->y + i0 * j->n + p * NR, j->n, nvalid, mr);
         }
     }
 }
@@ -655,10 +670,10 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
         return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
-    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, sizeof(xblock) * (size_t)(rows * nb));
+    xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, (size_t)(XBLOCK_BYTES(limbs) * rows * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, limbs, fmt, xq, nthreads);
-    memset(xq + M * nb, 0, sizeof(xblock) * (size_t)((rows - M) * nb));
+    memset((char *)xq + XBLOCK_BYTES(limbs) * M * nb, 0, (size_t)(XBLOCK_BYTES(limbs) * (rows - M) * nb));
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     /* a panel over a whole tile of rows costs more than a claim: runs shrink to single panels at the end */
     rg_parallel(nthreads, panels, M >= MR ? RG_GUIDED : RG_STATIC, panels_range, &job);
