@@ -464,15 +464,16 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 if (FMT_NIBBLES(fmt)) {
                     const __m256i x = _mm256_loadu_si256((const __m256i *)(qb + 64 * (g & 3) + 32 * h));
                     w[g] = _mm256_and_si256(g < 4 ? x : _mm256_srli_epi16(x, 4), _mm256_set1_epi8(15));
-                    if (FMT_Q5(fmt)) {
+                    if (FMT_Q5(fmt)) {  /* the high bits shifted straight to bit 4, as weights16 */
                         const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 32 * h));
-                        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hi, g), _mm256_set1_epi8(1));
-                        w[g] = _mm256_or_si256(w[g], _mm256_slli_epi16(h1, 4));
+                        const __m256i at4 = g <= 4 ? _mm256_slli_epi16(hi, 4 - g) : _mm256_srli_epi16(hi, g - 4);
+                        w[g] = _mm256_or_si256(w[g], _mm256_and_si256(at4, _mm256_set1_epi8(0x10)));
                     }
                     if (fmt == FMT_K6) {
                         const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 64 * (g & 1) + 32 * h));
-                        const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hi, 2 * (g / 2)), _mm256_set1_epi8(3));
-                        w[g] = _mm256_or_si256(w[g], _mm256_slli_epi16(h2, 4));
+                        const int j = g / 2;
+                        const __m256i at4 = j <= 2 ? _mm256_slli_epi16(hi, 4 - 2 * j) : _mm256_srli_epi16(hi, 2 * j - 4);
+                        w[g] = _mm256_or_si256(w[g], _mm256_and_si256(at4, _mm256_set1_epi8(0x30)));
                     }
                 } else {
                     w[g] = _mm256_loadu_si256((const __m256i *)(qb + 64 * g + 32 * h));

@@ -50,18 +50,21 @@ static inline __attribute__((always_inline)) void weights16(const int fmt, const
             w[g] = _mm512_and_si512(x, _mm512_set1_epi8(15));
             w[g + 4] = _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(15));
         }
+        /* The high bits shifted straight to bit 4 (16-bit shifts by at most 4 keep each byte's own bits
+         * there), then masked and or-ed in: one vpternlogd. */
         if (FMT_Q5(fmt)) {  /* the high bit: plane vector bit g */
             const __m512i hi = _mm512_loadu_si512(qb + 256);
             for (int g = 0; g < 8; g++) {
-                const __m512i h1 = _mm512_and_si512(_mm512_srli_epi16(hi, g), _mm512_set1_epi8(1));
-                w[g] = _mm512_or_si512(w[g], _mm512_slli_epi16(h1, 4));
+                const __m512i at4 = g <= 4 ? _mm512_slli_epi16(hi, 4 - g) : _mm512_srli_epi16(hi, g - 4);
+                w[g] = _mm512_or_si512(w[g], _mm512_and_si512(at4, _mm512_set1_epi8(0x10)));
             }
         }
         if (fmt == FMT_K6)  /* the high 2 bits: plane vector g & 1, bits 2 (g / 2) */
             for (int g = 0; g < 8; g++) {
                 const __m512i hi = _mm512_loadu_si512(qb + 256 + 64 * (g & 1));
-                const __m512i h2 = _mm512_and_si512(_mm512_srli_epi16(hi, 2 * (g / 2)), _mm512_set1_epi8(3));
-                w[g] = _mm512_or_si512(w[g], _mm512_slli_epi16(h2, 4));
+                const int j = g / 2;
+                const __m512i at4 = j <= 2 ? _mm512_slli_epi16(hi, 4 - 2 * j) : _mm512_srli_epi16(hi, 2 * j - 4);
+                w[g] = _mm512_or_si512(w[g], _mm512_and_si512(at4, _mm512_set1_epi8(0x30)));
             }
     } else {  /* signed int8 + 128 as unsigned: the GEMM takes the offset off with the limbs' sums */
         for (int g = 0; g < 8; g++) {
