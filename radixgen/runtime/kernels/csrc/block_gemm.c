@@ -15,7 +15,9 @@
  * float32's own precision (one limb, as llama.cpp uses, moves SmolLM2's logits by up to ~1.4; two
  * by ~5e-3; three by ~1e-4, the same as float32 GEMMs). Each limb's dot product with q is exact in
  * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair; Arm64's sdot), and the three
- * combine in float. Per weight that is ~5x fewer vector instructions than widening each weight to
+ * combine in float; two combine in int32 as 254 x0 + x1 (below 2^29: the block's scale then carries
+ * the 1 / 254), which leaves one conversion and one FMA a block and row, not two of each: the FMA pipes
+ * are the ones vpdpbusd runs on. Per weight that is ~5x fewer vector instructions than widening each weight to
  * float32, so one decode row runs at the speed the weights stream in. Long prompt chunks may take fewer
  * limbs (block_gemm_limbs: 2 or 1), each about halving the integer work.
  *
@@ -59,11 +61,12 @@
  * bytes, xblock_at): every panel streams all the activation rows past its weights, and a prefill's one or
  * two limbs are then 2.7x or 1.6x fewer bytes than three limbs' room. */
 typedef struct {
-    float s;                   /* x ~= s * (q0 + q1 / 254 + q2 / 254^2) */
+    float s;                   /* x ~= s * q0, s * (254 q0 + q1) or s * (q0 + q1 / 254 + q2 / 254^2) */
     union {                    /* per scale: the block ([0]) or each half (x 0..15, 16..31) */
         float sum[2];          /* free mins: the sums of x */
-        int32_t off[2];        /* an offset, one limb: -offset * the sum of q0 (the limb sum's start) */
-        float foff[2];         /* an offset, more limbs: -offset * (the sums of q0 + q1 / 254 + q2 / 254^2) */
+        int32_t off[2];        /* an offset, one or two limbs: -offset * the sum of q0 or of 254 q0 + q1 (the
+                                  last limb sum's start) */
+        float foff[2];         /* an offset, three limbs: -offset * (the sums of q0 + q1 / 254 + q2 / 254^2) */
     };
     int32_t pad;
     int8_t q[LIMBS][QK];       /* the first `limbs` only */
@@ -94,9 +97,17 @@ static inline int xblock_sums(const int fmt) { return FMT_HAS_MIN(fmt) && !FMT_O
 #define C1 (1.0f / LIMB_BASE)                 /* the second limb's unit */
 #define C2 (1.0f / (LIMB_BASE * LIMB_BASE))   /* the third's */
 static const float LIMB_UNIT[LIMBS] = {1.0f, C1, C2};
+static const float PAIR_UNIT[2] = {LIMB_BASE, 1.0f};  /* two limbs' weights in their int32 combination */
+
+/* 254 a, for two limbs' int32 combination (shifts: vpmulld would take an FMA pipe's slot). */
+#if defined(RG_AVX512)
+static inline __m512i times_base(__m512i a) { return _mm512_sub_epi32(_mm512_slli_epi32(a, 8), _mm512_slli_epi32(a, 1)); }
+#elif defined(RG_AVX2)
+static inline __m256i times_base(__m256i a) { return _mm256_sub_epi32(_mm256_slli_epi32(a, 8), _mm256_slli_epi32(a, 1)); }
+#endif
 
 /* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
- * nonzero `offset`, off (one limb) or foff (more), per half block where halves is 2; the rest is left
+ * nonzero `offset`, off (one or two limbs) or foff (three), per half block where halves is 2; the rest is left
  * unset (no kernel reads it). Each sum is a horizontal reduction per block, which is why only those a
  * format reads are computed. */
 static void quantize_block(const float *x, int limbs, int sums, int offset, int halves, xblock *out) {
@@ -157,7 +168,8 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         return;
     }
     const float inv = 127.0f / amax;
-    out->s = amax / 127.0f;
+    out->s = limbs == 2 ? amax / 127.0f * C1 : amax / 127.0f;
+    const float *unit = limbs == 2 ? PAIR_UNIT : LIMB_UNIT;  /* each limb's weight in the offset's sum */
 #if defined(RG_AVX512)
     __m512 r0 = _mm512_mul_ps(v0, _mm512_set1_ps(inv)), r1 = _mm512_mul_ps(v1, _mm512_set1_ps(inv));
     __m512 f0 = _mm512_setzero_ps(), f1 = _mm512_setzero_ps();  /* qh's terms */
@@ -168,8 +180,8 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         _mm_storeu_si128((__m128i *)out->q[l], _mm512_cvtepi32_epi8(i0));
         _mm_storeu_si128((__m128i *)(out->q[l] + 16), _mm512_cvtepi32_epi8(i1));
         if (offset) {
-            f0 = _mm512_fmadd_ps(q0, _mm512_set1_ps(LIMB_UNIT[l]), f0);
-            f1 = _mm512_fmadd_ps(q1, _mm512_set1_ps(LIMB_UNIT[l]), f1);
+            f0 = _mm512_fmadd_ps(q0, _mm512_set1_ps(unit[l]), f0);
+            f1 = _mm512_fmadd_ps(q1, _mm512_set1_ps(unit[l]), f1);
         }
         r0 = _mm512_mul_ps(_mm512_sub_ps(r0, q0), _mm512_set1_ps(LIMB_BASE));
         r1 = _mm512_mul_ps(_mm512_sub_ps(r1, q1), _mm512_set1_ps(LIMB_BASE));
@@ -186,7 +198,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
             const __m256 q = _mm256_round_ps(v[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             q32[i] = _mm256_cvtps_epi32(q);
-            if (offset) f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(LIMB_UNIT[l]), f[i / 2]);
+            if (offset) f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(unit[l]), f[i / 2]);
             v[i] = _mm256_mul_ps(_mm256_sub_ps(v[i], q), _mm256_set1_ps(LIMB_BASE));
         }
         /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
@@ -206,7 +218,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
             const float32x4_t q0 = vrndnq_f32(v[i]), q1 = vrndnq_f32(v[i + 1]);
             const int32x4_t i0 = vcvtq_s32_f32(q0), i1 = vcvtq_s32_f32(q1);
             vst1_s8(out->q[l] + 4 * i, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
-            if (offset) f[i / 4] = vfmaq_n_f32(f[i / 4], vaddq_f32(q0, q1), LIMB_UNIT[l]);
+            if (offset) f[i / 4] = vfmaq_n_f32(f[i / 4], vaddq_f32(q0, q1), unit[l]);
             v[i] = vmulq_n_f32(vsubq_f32(v[i], q0), LIMB_BASE);
             v[i + 1] = vmulq_n_f32(vsubq_f32(v[i + 1], q1), LIMB_BASE);
         }
@@ -222,7 +234,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
         for (int j = 0; j < QK; j++) {
             const float q = rintf(r[j]);
             out->q[l][j] = (int8_t)q;
-            if (offset) qh[j / 16] += q * LIMB_UNIT[l];
+            if (offset) qh[j / 16] += q * unit[l];
             r[j] = (r[j] - q) * LIMB_BASE;
         }
     }
@@ -230,7 +242,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
     if (!offset) return;
     for (int h = 0; h < halves; h++) {
         const float q = halves == 2 ? qh[h] : qh[0] + qh[1];
-        if (limbs == 1) out->off[h] = -offset * (int32_t)q;
+        if (limbs <= 2) out->off[h] = -offset * (int32_t)q;  /* integers below 2^21: summed exactly */
         else out->foff[h] = (float)-offset * q;
     }
 }
@@ -272,15 +284,18 @@ static void panel_ref(const int fmt, const int mr, const int limbs, const rg_pan
                 const uint8_t *qb = v.qs + b * FMT_BLOCK_BYTES(fmt);
                 for (int h = 0; h < halves; h++) {
                     /* rg_block_q reads signed 8-bit q as they are: only a format's own offset */
-                    int32_t a[LIMBS] = {FMT_OFFSET(fmt) && limbs == 1 ? xb->off[h] : 0, 0, 0};
+                    int32_t a[LIMBS] = {0, 0, 0};  /* the last limb's starts from the offset's share */
+                    if (FMT_OFFSET(fmt) && limbs <= 2) a[limbs - 1] = xb->off[h];
                     for (int k = h * span; k < (h + 1) * span; k++) {
                         const int32_t q = rg_block_q(fmt, qb, c, k);
                         for (int l = 0; l < limbs; l++) a[l] += q * xb->q[l][k];
                     }
                     float d, m;
                     rg_block_dm(fmt, &v, b, h, c, &d, &m);
-                    float sum = (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
-                    if (FMT_OFFSET(fmt) && limbs > 1) sum += xb->foff[h];
+                    float sum = limbs == 1   ? (float)a[0]
+                                : limbs == 2 ? (float)((int32_t)LIMB_BASE * a[0] + a[1])
+                                             : (float)a[0] + (float)a[1] * C1 + (float)a[2] * C2;
+                    if (FMT_OFFSET(fmt) && limbs > 2) sum += xb->foff[h];
                     acc += sum * (d * xb->s);
                     if (xblock_sums(fmt)) acc += m * xb->sum[halves == 2 ? h : 0];
                 }
@@ -298,12 +313,13 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
                                                               const __m512 *d, const __m512 *m, const xblock *xb,
                                                               int64_t nb, __m512 *acc) {
     const int halves = FMT_HALVES(fmt);
-    __m512i a[ROWS_1LIMB][2][LIMBS];  /* [row][half][limb]; one limb starts from its offset's share */
+    __m512i a[ROWS_1LIMB][2][LIMBS];  /* [row][half][limb]; one or two limbs: the last from the offset's share */
     for (int r = 0; r < R; r++)
         for (int h = 0; h < halves; h++)
             for (int l = 0; l < L; l++)
-                a[r][h][l] = xblock_offset(fmt) && L == 1 ? _mm512_set1_epi32(xblock_at(xb, r * nb, L)->off[h])
-                                                          : _mm512_setzero_si512();
+                a[r][h][l] = xblock_offset(fmt) && L <= 2 && l == L - 1
+                                 ? _mm512_set1_epi32(xblock_at(xb, r * nb, L)->off[h])
+                                 : _mm512_setzero_si512();
     for (int g = 0; g < 8; g++)
         for (int r = 0; r < R; r++)
             for (int l = 0; l < L; l++) {
@@ -316,10 +332,12 @@ static inline __attribute__((always_inline)) void rows_block(const int R, const 
     for (int r = 0; r < R; r++) {
         const xblock *x = xblock_at(xb, r * nb, L);
         for (int h = 0; h < halves; h++) {
-            __m512 v = _mm512_cvtepi32_ps(a[r][h][0]);
-            if (L > 1) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, v);
-            if (L > 2) v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
-            if (xblock_offset(fmt) && L > 1) v = _mm512_add_ps(v, _mm512_set1_ps(x->foff[h]));
+            __m512 v = _mm512_cvtepi32_ps(L == 2 ? _mm512_add_epi32(times_base(a[r][h][0]), a[r][h][1]) : a[r][h][0]);
+            if (L > 2) {
+                v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][1]), c1, v);
+                v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[r][h][2]), c2, v);
+                if (xblock_offset(fmt)) v = _mm512_add_ps(v, _mm512_set1_ps(x->foff[h]));
+            }
             acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(d[h], _mm512_set1_ps(x->s)), acc[r]);
             if (xblock_sums(fmt)) acc[r] = _mm512_fmadd_ps(m[h], _mm512_set1_ps(x->sum[halves == 2 ? h : 0]), acc[r]);
         }
@@ -484,11 +502,14 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                 for (int s = 0; s < halves; s++) {
                     __m256i a[LIMBS];
                     for (int l = 0; l < limbs; l++) a[l] = limb_dot(fmt, w, xb->q[l], 8 / halves * s, 8 / halves * (s + 1));
-                    if (xblock_offset(fmt) && limbs == 1) a[0] = _mm256_add_epi32(a[0], _mm256_set1_epi32(xb->off[s]));
-                    __m256 sum = _mm256_cvtepi32_ps(a[0]);
-                    if (limbs > 1) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, sum);
-                    if (limbs > 2) sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
-                    if (xblock_offset(fmt) && limbs > 1) sum = _mm256_add_ps(sum, _mm256_set1_ps(xb->foff[s]));
+                    if (xblock_offset(fmt) && limbs <= 2)
+                        a[limbs - 1] = _mm256_add_epi32(a[limbs - 1], _mm256_set1_epi32(xb->off[s]));
+                    __m256 sum = _mm256_cvtepi32_ps(limbs == 2 ? _mm256_add_epi32(times_base(a[0]), a[1]) : a[0]);
+                    if (limbs > 2) {
+                        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[1]), c1, sum);
+                        sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[2]), c2, sum);
+                        if (xblock_offset(fmt)) sum = _mm256_add_ps(sum, _mm256_set1_ps(xb->foff[s]));
+                    }
                     acc[i] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d[s], _mm256_set1_ps(xb->s)), acc[i]);
                     if (xblock_sums(fmt))
                         acc[i] = _mm256_fmadd_ps(m[s], _mm256_set1_ps(xb->sum[halves == 2 ? s : 0]), acc[i]);
@@ -558,15 +579,20 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                     x[l][1] = vld1q_s8(xb->q[l] + 16);
                 }
                 for (int h = 0; h < 4; h++)  /* one limb starts from its offset's share (xblock_offset) */
-                    a[l][h] = vdupq_n_s32(xblock_offset(fmt) && l == 0 && limbs == 1 ? xb->off[0] : 0);
+                    a[l][h] = vdupq_n_s32(xblock_offset(fmt) && limbs <= 2 && l == limbs - 1 ? xb->off[0] : 0);
             }
             NEON_GROUP(0); NEON_GROUP(1); NEON_GROUP(2); NEON_GROUP(3);
             NEON_GROUP(4); NEON_GROUP(5); NEON_GROUP(6); NEON_GROUP(7);
             const float32x4_t ds_ = vdupq_n_f32(xb->s), sum = vdupq_n_f32(xblock_sums(fmt) ? xb->sum[0] : 0.0f);
-            const float32x4_t foff = vdupq_n_f32(xblock_offset(fmt) && limbs > 1 ? xb->foff[0] : 0.0f);
+            const float32x4_t foff = vdupq_n_f32(xblock_offset(fmt) && limbs > 2 ? xb->foff[0] : 0.0f);
             for (int h = 0; h < 4; h++) {
-                float32x4_t v = vfmaq_n_f32(vcvtq_f32_s32(a[0][h]), vcvtq_f32_s32(a[1][h]), C1);
-                v = vaddq_f32(vfmaq_n_f32(v, vcvtq_f32_s32(a[2][h]), C2), foff);
+                float32x4_t v;
+                if (limbs == 2) {  /* 254 a0 + a1 in int32, as the other paths */
+                    v = vcvtq_f32_s32(vmlaq_n_s32(a[1][h], a[0][h], (int32_t)LIMB_BASE));
+                } else {  /* one limb (a1, a2 zero) or three */
+                    v = vfmaq_n_f32(vcvtq_f32_s32(a[0][h]), vcvtq_f32_s32(a[1][h]), C1);
+                    v = vaddq_f32(vfmaq_n_f32(v, vcvtq_f32_s32(a[2][h]), C2), foff);
+                }
                 acc[i][h] = vfmaq_f32(acc[i][h], v, vmulq_f32(d[h], ds_));
                 if (xblock_sums(fmt)) acc[i][h] = vfmaq_f32(acc[i][h], m[h], sum);
             }
