@@ -59,7 +59,7 @@
  * mins multiply, free mins, or the integer sums its offset multiplies, offset formats), then its limbs.
  * Only a GEMM's `limbs` limbs are stored, so a row's blocks lie XBLOCK_BYTES(limbs) apart (48, 80 or 112
  * bytes, xblock_at): every panel streams all the activation rows past its weights, and a prefill's one or
- * two limbs are then 2.7x or 1.6x fewer bytes than three limbs' room. */
+ * two limbs are then 2.7x or 1.6x fewer bytes than a fixed 128-byte block. */
 typedef struct {
     float s;                   /* x ~= s * q0, s * (254 q0 + q1) or s * (q0 + q1 / 254 + q2 / 254^2) */
     union {                    /* per scale: the block ([0]) or each half (x 0..15, 16..31) */
@@ -578,7 +578,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                     x[l][0] = vld1q_s8(xb->q[l]);
                     x[l][1] = vld1q_s8(xb->q[l] + 16);
                 }
-                for (int h = 0; h < 4; h++)  /* one limb starts from its offset's share (xblock_offset) */
+                for (int h = 0; h < 4; h++)  /* the last of one or two limbs starts from the offset's share */
                     a[l][h] = vdupq_n_s32(xblock_offset(fmt) && limbs <= 2 && l == limbs - 1 ? xb->off[0] : 0);
             }
             NEON_GROUP(0); NEON_GROUP(1); NEON_GROUP(2); NEON_GROUP(3);
