@@ -155,3 +155,35 @@ def test_shut_down_engine_frees_its_memory(tiny_models):
     del eng
     gc.collect()
     assert kv_buffer() is None and scheduler() is None
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.4])
+def test_requests_racing_shutdown_are_answered(tiny_models, delay):
+    """Threads generating while another calls `shutdown()`: every call returns (finished, or aborted
+    by the shutdown) or raises the engine's shut-down error; none waits forever. A request that passed
+    the shut-down check and was queued after the scheduler's last look at its inbox used to be left
+    unanswered (a streaming program's next `gen` racing a script's final `shutdown()`)."""
+    import threading
+
+    eng = Engine(str(tiny_models["llama"]), num_threads=1)
+    outcomes: list[str] = []
+
+    def client() -> None:
+        while True:
+            try:
+                out = eng.generate(input_ids=[5, 6, 7, 8], sampling_params={"max_new_tokens": 2})
+            except RuntimeError as e:
+                outcomes.append(str(e))
+                return
+            outcomes.append(out["meta_info"]["finish_reason"]["type"])
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(delay)
+    eng.shutdown()
+    for t in threads:
+        t.join(timeout=20)
+    assert not [t for t in threads if t.is_alive()], "a generate call never returned after shutdown()"
+    assert set(outcomes) <= {"length", "abort", "this Engine has been shut down"}, set(outcomes)
+    assert outcomes.count("this Engine has been shut down") == len(threads)

@@ -93,6 +93,7 @@ class Scheduler:
         self.running: list[Req] = []
         self._inflight: tuple[ScheduledBatch, Future[StepOutput]] | None = None
         self._stop = False
+        self._ended = False  # the loop has returned: what is queued from now on is answered by _put
         self.error: Exception | None = None  # what stopped the loop, if an internal error did
         self._thread: threading.Thread | None = None
         if start:
@@ -120,18 +121,25 @@ class Scheduler:
     def _error_message(self) -> str:
         return f"the engine stopped after an internal error ({self.error!r}); start a new Engine"
 
+    def _end_message(self) -> str:
+        return "engine shut down" if self.error is None else self._error_message()
+
     def _put(self, item: Req | _Control, check: bool = True) -> None:
-        """Queue `item` for the loop; once the loop has failed, raise (`check`) or answer it here."""
+        """Queue `item` for the loop; once the loop has failed, raise (`check`) or answer it here.
+
+        A request can pass the engine's shut-down check and be queued after the loop's last look at
+        the inbox (a program thread generating while the user's thread calls `shutdown()`): whichever
+        of the loop and this caller sees the other's write answers it, so no caller waits forever."""
         if check and self.error is not None:
             raise RuntimeError(self._error_message())
         self.inbox.put(item)
-        if self.error is not None:  # the loop failed while this was being queued
-            self._fail_inbox()
+        if self._ended:  # the loop ended while this was being queued
+            self._answer_inbox()
 
-    def _fail_inbox(self) -> None:
-        """Answer everything still queued after the loop failed: requests finish with "abort", control
-        calls get the error."""
-        message = self._error_message()
+    def _answer_inbox(self) -> None:
+        """Answer everything still queued once the loop has ended: requests finish with "abort",
+        control calls get an error (the internal error's, or "engine shut down")."""
+        message = self._end_message()
         while True:
             try:
                 item = self.inbox.get_nowait()
@@ -167,11 +175,12 @@ class Scheduler:
             self.error = e
             for req in self.running + self.waiting:
                 self._finish(req, FinishReason("abort", message=f"internal error: {e!r}"))
-            self._fail_inbox()
             logger.exception("the scheduler stopped after an internal error")
-            return  # (requests still in flight were finished above, once)
-        for req in self.running + self.waiting:
-            self._finish(req, FinishReason("abort", message="engine shut down"))
+        else:
+            for req in self.running + self.waiting:
+                self._finish(req, FinishReason("abort", message="engine shut down"))
+        self._ended = True  # before the last look at the inbox: see _put
+        self._answer_inbox()
 
     def step(self, block: bool = False) -> None:
         """One iteration: take new requests, launch the next batch, process the previous one."""
