@@ -7,10 +7,13 @@ Child i runs SCRIPT as `__main__` with `sgl.Engine` patched to build MODEL on on
 with VARIANT "shutdown", calls `sgl.get_default_backend().shutdown()`; then it ends as any script
 does, through the interpreter's own exit (atexit hooks, finalization, C++ static destructors). Its
 stdout and stderr go to OUTDIR/i.out and OUTDIR/i.err, its exit status (negative: the signal that
-ended it) to OUTDIR/i.status. The parent starts no thread of its own before forking: it imports
-modules and reads the tokenizer once (so that its imports are done), nothing else.
+ended it) to OUTDIR/i.status. A child still running after HANG_S dumps every thread's stack to its
+stderr and exits with status 1, so a hang fails the test with where it hung. The parent starts no
+thread of its own before forking: it imports modules and reads the tokenizer once (so that its
+imports are done), nothing else.
 """
 
+import faulthandler
 import functools
 import os
 import runpy
@@ -21,6 +24,8 @@ import xgrammar  # noqa: F401 - imported here once, for every child
 import radixgen as sgl
 from radixgen.runtime.engine import Engine
 from radixgen.runtime.tokenizer import load_tokenizer
+
+HANG_S = 120  # a run takes 2-5 s
 
 model, script, variant, runs, outdir = sys.argv[1:6]
 load_tokenizer(model)  # imports what the tokenizer and its config need
@@ -39,6 +44,7 @@ if child is not None:
         target = os.open(os.path.join(outdir, f"{child}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
     sys.argv = [script]
     sgl.Engine = functools.partial(Engine, model=model, num_threads=1)
     runpy.run_path(script, run_name="__main__")

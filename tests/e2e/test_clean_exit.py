@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20  # per script and variant
 VARIANTS = ("exit", "shutdown")  # the script ends on its own / then the default backend is shut down
 PLAIN = """
-import functools, runpy, sys
+import faulthandler, functools, runpy, sys
+faulthandler.dump_traceback_later(120, exit=True)  # a hang fails with every thread's stack
 import radixgen as sgl
 from radixgen.runtime.engine import Engine
 sgl.Engine = functools.partial(Engine, model=sys.argv[1], num_threads=1)
@@ -71,7 +72,7 @@ def test_script_exits_cleanly(script, tiny_models, tmp_path):
         jobs += [pool.submit(plain_run, model, script, v) for v in VARIANTS]
         runs = [run for job in jobs for run in job.result()]
     assert len(runs) == 2 * RUNS + 2
-    failures = [f"{label}: exit status {status}\nstdout: ...{out[-300:]}\nstderr: {err[-3000:]}"
+    failures = [f"{label}: exit status {status}\nstdout: ...{out[-300:]}\nstderr: {err[-6000:]}"
                 for label, status, out, err in runs
                 if status != 0 or BAD_STDERR.search(err) or not re.search(SCRIPTS[script], out)]
     assert not failures, f"{len(failures)} of {len(runs)} runs of {script} failed; first:\n{failures[0]}"
