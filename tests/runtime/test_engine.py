@@ -171,7 +171,8 @@ def test_requests_racing_shutdown_are_answered(tiny_models, delay):
     def client() -> None:
         while True:
             try:
-                out = eng.generate(input_ids=[5, 6, 7, 8], sampling_params={"max_new_tokens": 2})
+                out = eng.generate(input_ids=[5, 6, 7, 8],
+                                   sampling_params={"max_new_tokens": 2, "temperature": 0, "ignore_eos": True})
             except RuntimeError as e:
                 outcomes.append(str(e))
                 return
