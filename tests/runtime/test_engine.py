@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import pytest
@@ -163,8 +164,6 @@ def test_requests_racing_shutdown_are_answered(tiny_models, delay):
     by the shutdown) or raises the engine's shut-down error; none waits forever. A request that passed
     the shut-down check and was queued after the scheduler's last look at its inbox used to be left
     unanswered (a streaming program's next `gen` racing a script's final `shutdown()`)."""
-    import threading
-
     eng = Engine(str(tiny_models["llama"]), num_threads=1)
     outcomes: list[str] = []
 
