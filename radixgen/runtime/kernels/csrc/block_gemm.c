@@ -101,9 +101,13 @@ static const float PAIR_UNIT[2] = {LIMB_BASE, 1.0f};  /* two limbs' weights in t
 
 /* 254 a, for two limbs' int32 combination (shifts: vpmulld would take an FMA pipe's slot). */
 #if defined(RG_AVX512)
-static inline __m512i times_base(__m512i a) { return _mm512_sub_epi32(_mm512_slli_epi32(a, 8), _mm512_slli_epi32(a, 1)); }
+static inline __m512i times_base(__m512i a) {
+    return _mm512_sub_epi32(_mm512_slli_epi32(a, 8), _mm512_slli_epi32(a, 1));
+}
 #elif defined(RG_AVX2)
-static inline __m256i times_base(__m256i a) { return _mm256_sub_epi32(_mm256_slli_epi32(a, 8), _mm256_slli_epi32(a, 1)); }
+static inline __m256i times_base(__m256i a) {
+    return _mm256_sub_epi32(_mm256_slli_epi32(a, 8), _mm256_slli_epi32(a, 1));
+}
 #endif
 
 /* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
@@ -265,7 +269,8 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
                            (xblock *)xblock_at(j->xq, i * nb + b, j->limbs));
 }
 
-/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs (XBLOCK_BYTES(limbs) each), with the sums weight format fmt's products read. */
+/* xq [M][K / 32] blocks of x [M, K] in `limbs` limbs (XBLOCK_BYTES(limbs) each), with the sums weight
+ * format fmt's products read. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int limbs, int fmt, xblock *xq, int nthreads) {
     quantize_job job = {x, K, limbs, fmt, xq};
     rg_parallel(M * K >= PARALLEL_MIN ? nthreads : 1, M, RG_STATIC, quantize_range, &job);
@@ -305,10 +310,10 @@ static void panel_ref(const int fmt, const int mr, const int limbs, const rg_pan
 }
 
 #if defined(RG_AVX512)
-/* acc[r] += block b's products for R rows (xblock_at(xb, r * nb, L)) of one panel (w: its 8 weight vectors; d, m: its
- * scales and mins, one per half block). The rows' limb sums are independent dependency chains,
- * interleaved so that vpdpbusd's latency is hidden; being integer sums, their order does not change any
- * result. */
+/* acc[r] += block b's products for R rows (xblock_at(xb, r * nb, L)) of one panel (w: its 8 weight
+ * vectors; d, m: its scales and mins, one per half block). The rows' limb sums are independent
+ * dependency chains, interleaved so that vpdpbusd's latency is hidden; being integer sums, their order
+ * does not change any result. */
 static inline __attribute__((always_inline)) void rows_block(const int R, const int L, const int fmt, const __m512i *w,
                                                               const __m512 *d, const __m512 *m, const xblock *xb,
                                                               int64_t nb, __m512 *acc) {
@@ -490,7 +495,8 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
                     if (fmt == FMT_K6) {
                         const __m256i hi = _mm256_loadu_si256((const __m256i *)(qb + 256 + 64 * (g & 1) + 32 * h));
                         const int j = g / 2;
-                        const __m256i at4 = j <= 2 ? _mm256_slli_epi16(hi, 4 - 2 * j) : _mm256_srli_epi16(hi, 2 * j - 4);
+                        const __m256i at4 =
+                            j <= 2 ? _mm256_slli_epi16(hi, 4 - 2 * j) : _mm256_srli_epi16(hi, 2 * j - 4);
                         w[g] = _mm256_or_si256(w[g], _mm256_and_si256(at4, _mm256_set1_epi8(0x30)));
                     }
                 } else {
@@ -674,7 +680,8 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
         const rg_panel v = rg_panel_of(j->fmt, j->w, j->nb, p);
         for (int64_t i0 = 0; i0 < j->M; i0 += MR) {
             const int mr = (int)(j->M - i0 < MR ? j->M - i0 : MR);
-            panel_any(j->fmt, mr, j->limbs, v, j->nb, xblock_at(j->xq, i0 * j->nb, j->limbs), j->y + i0 * j->n + p * NR, j->n, nvalid, mr);
+            panel_any(j->fmt, mr, j->limbs, v, j->nb, xblock_at(j->xq, i0 * j->nb, j->limbs),
+                      j->y + i0 * j->n + p * NR, j->n, nvalid, mr);
         }
     }
 }
