@@ -54,6 +54,8 @@ def check_model(path, prompt_ids: list[int], attention_backend: str = "torch", r
     # full prefill
     full = Seq(runner).extend(prompt_ids, all_logits=True)
     assert (full - ref_logits).abs().max().item() <= ATOL
+    # a prefill wanting the last token's logits only (its last layer computes that row alone)
+    assert (Seq(runner).extend(prompt_ids) - ref_logits[-1:]).abs().max().item() <= ATOL
     # prefill split in two extends (prefix, then suffix attending to the cached prefix)
     split = len(prompt_ids) // 3
     s = Seq(runner)

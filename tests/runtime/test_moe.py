@@ -92,7 +92,7 @@ def test_routing_matches_hf(moe_dir, prompt_ids):
         _, ours = layer.route(x)  # [T, k]
         assert torch.equal(ours, chosen)
         layer.register_forward_pre_hook(lambda m, args: ours_chosen.append(m.route(args[0])[1]))
-    Seq(r).extend(prompt_ids)
+    Seq(r).extend(prompt_ids, all_logits=True)  # every row through every layer (else the last takes one row)
     for ours, chosen in zip(ours_chosen, hf_chosen, strict=True):
         assert torch.equal(ours, chosen)
     assert len({tuple(c) for chosen in hf_chosen for c in chosen.tolist()}) > 3  # routes differ between tokens

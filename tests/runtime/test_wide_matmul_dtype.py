@@ -21,7 +21,7 @@ from radixgen.runtime.kernels import ffi
 from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention.torch_backend import ExtendCall, SdpaCall
-from radixgen.runtime.layers.linear import BlockLinear, WideMatmul, long_extend_runs
+from radixgen.runtime.layers.linear import BlockLinear, WideMatmul, long_extend_runs, runs_among
 from tests.runtime.test_model_logits import ATOL, PROMPT, Seq
 
 LONG_TEXT = (
@@ -46,14 +46,21 @@ def _runner(path, wide: str) -> ModelRunner:
                                     wide_matmul_dtype=wide))
 
 
-def _extend_together(runner: ModelRunner, prompts: list[list[int]]) -> torch.Tensor:
-    """New requests prefilled in one step; logits of each one's last token [len(prompts), V]."""
+def _extend_together(runner: ModelRunner, prompts: list[list[int]],
+                     logits_rows: list[list[int]] | None = None) -> torch.Tensor:
+    """New requests prefilled in one step, then ended; logits of each one's `logits_rows` (default: its last
+    token), [rows, V]."""
     pool, kv = runner.req_to_token_pool, runner.token_to_kv_pool
     slots, locs = [pool.alloc() for _ in prompts], [kv.alloc(len(p)) for p in prompts]
     for slot, loc in zip(slots, locs, strict=True):
         pool.write(slot, 0, loc)
-    fb = make_forward_batch(prompts, [0] * len(prompts), slots, torch.cat(locs), table_update=pool.take_updates())
-    return runner.forward(fb)
+    fb = make_forward_batch(prompts, [0] * len(prompts), slots, torch.cat(locs), logits_rows,
+                            table_update=pool.take_updates())
+    logits = runner.forward(fb)
+    for slot, loc in zip(slots, locs, strict=True):  # the requests end with the step
+        kv.free(loc)
+        pool.free(slot)
+    return logits
 
 
 @pytest.mark.parametrize("wide", ["bfloat16", "int16"])
@@ -166,6 +173,45 @@ def test_sliding_window_long_chunks_attend_in_c_within_tolerance(tmp_path):
     fb = make_forward_batch([ids[80:]], [80], [0], torch.arange(1, 1 + len(ids) - 80))
     windowed = runner.attention.init_metadata(fb, runner.req_to_token_pool.req_to_token, window=GEMMA_WINDOW)
     assert [(type(c), c.window) for c in windowed.calls] == [(ExtendCall, GEMMA_WINDOW)]
+
+
+@pytest.mark.parametrize("wide", ["int16", "int8"])
+def test_last_layer_on_logits_rows_only_keeps_each_rows_precision(smollm2_path, wide):
+    """A step whose last layer computes only its logits rows gives those rows the logits, bit for bit, that
+    the same step gives them when every row's logits are wanted: each kept row takes the same path (a long
+    chunk's rows the wide GEMM, a short request's the float32 block kernel) as among all rows."""
+    from radixgen.runtime.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    short_ids, long_ids = tok.encode(PROMPT), tok.encode(LONG_TEXT)
+    runner = _runner(smollm2_path, wide)
+    prompts = [short_ids, long_ids, short_ids[:5]]
+    every = [list(range(len(p))) for p in prompts]
+    some = [[len(short_ids) - 1], [0, 7, 8, 9, len(long_ids) - 1], [2, 4]]
+    all_logits = _extend_together(runner, prompts, every)  # [T, V]
+    starts = [0, len(short_ids), len(short_ids) + len(long_ids)]
+    picked = [start + r for start, rows in zip(starts, some, strict=True) for r in rows]
+    assert torch.equal(_extend_together(runner, prompts, some), all_logits[picked])
+    assert torch.equal(_extend_together(runner, [long_ids]), all_logits[starts[2] - 1 : starts[2]])
+
+
+def test_runs_among_selected_rows_against_a_row_by_row_count():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        lens = torch.randint(1, 40, (6,), generator=g).tolist()
+        runs = long_extend_runs(lens, 12)
+        picked = int(torch.randint(1, sum(lens), (1,), generator=g))
+        rows = torch.randperm(sum(lens), generator=g)[:picked].sort().values
+        in_run = [any(s <= r < e for s, e in runs) for r in rows.tolist()]
+        expected, start = [], None  # the maximal stretches of selected rows that lie in runs
+        for i, inside in enumerate([*in_run, False]):
+            if inside and start is None:
+                start = i
+            if not inside and start is not None:
+                expected.append((start, i))
+                start = None
+        assert runs_among(runs, rows) == tuple(expected)
+    assert runs_among((), torch.tensor([0, 1])) == ()
 
 
 def test_long_extend_runs_merge_adjacent_requests():

@@ -25,7 +25,7 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # [B] int64, each request's row in req_to_token
     prefix_lens: list[int]  # [B] tokens already in the KV cache before this step
     extend_lens: list[int]  # [B] new tokens this step (1 for decode)
-    logits_indices: torch.Tensor  # [L] int64 rows of the flat sequence whose logits are returned
+    logits_indices: torch.Tensor  # [L] int64 rows of the flat sequence whose logits are returned, ascending
     has_placeholders: bool = False  # some input ids are -(i + 1): the i-th token the previous step samples
     all_placeholders: bool = False  # input id j is -(j + 1) for every j: the previous step's samples, in order
     table_update: TableUpdate | None = None  # req_to_token writes to apply on the device first

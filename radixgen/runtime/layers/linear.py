@@ -109,6 +109,21 @@ def long_extend_runs(extend_lens: list[int], min_len: int) -> Runs:
     return tuple(runs)
 
 
+def runs_among(runs: Runs, rows: torch.Tensor) -> Runs:
+    """`runs` (of a step's rows) as positions among the selected `rows` (ascending row indices, CPU): the
+    selected rows of each run, adjacent ones merged, empty ones dropped."""
+    if not runs:
+        return ()
+    bounds = torch.searchsorted(rows, torch.tensor([b for run in runs for b in run], dtype=rows.dtype)).tolist()
+    among: list[tuple[int, int]] = []
+    for start, end in zip(bounds[::2], bounds[1::2], strict=True):
+        if end > start and among and among[-1][1] == start:
+            among[-1] = (among[-1][0], end)
+        elif end > start:
+            among.append((start, end))
+    return tuple(among)
+
+
 # Bytes of a weight slice the wide GEMMs dequantize at a time (kept between calls: fresh pages fault slowly).
 SLICE_BYTES = 8 << 20
 _slices = threading.local()

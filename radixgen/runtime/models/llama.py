@@ -55,6 +55,7 @@ from radixgen.runtime.layers.linear import (
     StoredLinear,
     WideMatmul,
     pack,
+    runs_among,
 )
 from radixgen.runtime.layers.norm import GeluAndMul, RMSNorm, SiluAndMul
 from radixgen.runtime.layers.parallel import (
@@ -113,13 +114,19 @@ class DecoderLayer(nn.Module):
         self.attn_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
         self.mlp_out_norm = RMSNorm(c.hidden_size, c.rms_norm_eps) if c.sandwich_norms else None
 
-    def forward(self, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """hidden [T, hidden] (the residual stream) -> the same after this layer."""
-        o = self.o_proj(self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx), ctx.wide)  # [T, hidden]
+    def forward(self, hidden: torch.Tensor, ctx: ForwardContext, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [T, hidden] (the residual stream) -> the same after this layer; with `rows` (ascending, R of
+        them) only those rows' [R, hidden]: every row's K/V is stored, but the others skip o_proj and the MLP
+        (the last layer, where only the logits rows are read on)."""
+        a = self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx)  # [T, H * D]
+        wide = ctx.wide
+        if rows is not None:
+            a, hidden, wide = a.index_select(0, rows), hidden.index_select(0, rows), runs_among(wide, rows)
+        o = self.o_proj(a, wide)  # [T or R, hidden]
         if self.attn_out_norm is not None:
             o = self.attn_out_norm(o)
         hidden, x = self.post_attn_norm.add(hidden, o)
-        m = self.mlp(x, ctx.wide)  # [T, hidden]
+        m = self.mlp(x, wide)  # [T or R, hidden]
         return hidden.add_(m if self.mlp_out_norm is None else self.mlp_out_norm(m))
 
     @property
@@ -321,6 +328,7 @@ class LlamaModel(nn.Module):
         if self.config.embed_scale != 1.0:
             h = h * self.config.embed_scale
         call = backend.decode_step(meta) if plan.one_call else None
+        last: torch.Tensor | None = None  # the rows the last layer computes on, where fewer than all
         window = self._window_keys(fb, req_to_token, backend) if call is not None else None
         if call is not None and window is not False:
             local = self.local_rotary
@@ -340,11 +348,17 @@ class LlamaModel(nn.Module):
                 if self.local_rotary is not None:
                     ctx.local_cos, ctx.local_sin = self.local_rotary.gather(fb.positions, h.dtype)
             fb.kernels_start()
-            for layer in self.layers:
+            # only the logits rows leave the last layer (the others' K/V is all later steps read of it), unless
+            # the step wants final hidden states too or its logits rows are all its rows
+            if fb.hidden_indices is None and fb.logits_indices.shape[0] < h.shape[0]:
+                last = fb.logits_indices
+            for layer in self.layers[:-1]:
                 h = layer(h, ctx)
+            h = self.layers[-1](h, ctx, last)  # [L, hidden] where `last`
         if fb.hidden_indices is not None:  # embedding rows: the final norm's output, kept for the caller
             fb.hidden_out = self.norm(h.index_select(0, fb.hidden_indices)).float()  # [H, hidden]
-        if not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):  # a decode's rows are its logits rows
+        # the logits rows (a decode's rows are its logits rows; `last` left only those)
+        if last is None and not (fb.is_decode and fb.logits_indices.shape[0] == h.shape[0]):
             h = h.index_select(0, fb.logits_indices)  # [L, hidden]
         logits = self.lm_head(self.norm(h)).float()  # [L, V]
         cap = self.config.final_logit_softcap
