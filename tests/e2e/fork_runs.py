@@ -10,11 +10,16 @@ stdout and stderr go to OUTDIR/i.out and OUTDIR/i.err, its exit status (negative
 ended it) to OUTDIR/i.status. A child still running after HANG_S dumps every thread's stack to its
 stderr and exits with status 1, so a hang fails the test with where it hung. The parent starts no
 thread of its own before forking: it imports modules and reads the tokenizer once (so that its
-imports are done), nothing else.
+imports are done), nothing else. It then moves its ~300k objects to the collector's permanent
+generation (`gc.freeze()`, as the gc module's documentation advises before forking without exec):
+each child's exit then does not walk them in finalization's collections (6 runs of the tour: 16.5 s
+-> 12.9 s). The child's own objects (its engine, threads, requests) are collected and finalized
+as in any process; the plain runs of test_clean_exit.py keep the whole heap's finalization.
 """
 
 import faulthandler
 import functools
+import gc
 import os
 import runpy
 import sys
@@ -29,6 +34,7 @@ HANG_S = 120  # a run takes 2-5 s
 
 model, script, variant, runs, outdir = sys.argv[1:6]
 load_tokenizer(model)  # imports what the tokenizer and its config need
+gc.freeze()
 child = None
 for i in range(int(runs)):
     pid = os.fork()
