@@ -117,7 +117,7 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, ctx: ForwardContext, rows: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [T, hidden] (the residual stream) -> the same after this layer; with `rows` (ascending, R of
         them) only those rows' [R, hidden]: every row's K/V is stored, but the others skip o_proj and the MLP
-        (the last layer, where only the logits rows are read on)."""
+        (the last layer, whose output is read at the logits rows alone)."""
         a = self.attn(self.qkv(self.input_norm(hidden), ctx.wide), ctx)  # [T, H * D]
         wide = ctx.wide
         if rows is not None:
@@ -348,8 +348,8 @@ class LlamaModel(nn.Module):
                 if self.local_rotary is not None:
                     ctx.local_cos, ctx.local_sin = self.local_rotary.gather(fb.positions, h.dtype)
             fb.kernels_start()
-            # only the logits rows leave the last layer (the others' K/V is all later steps read of it), unless
-            # the step wants final hidden states too or its logits rows are all its rows
+            # only the logits rows leave the last layer (of the others, later steps read only the K/V it
+            # stores), unless the step wants final hidden states too or its logits rows are all its rows
             if fb.hidden_indices is None and fb.logits_indices.shape[0] < h.shape[0]:
                 last = fb.logits_indices
             for layer in self.layers[:-1]:
