@@ -12,8 +12,12 @@ benchmarks/synth_gguf.py writes the synthetic 1B / 3B / 8B files this is meant f
 Beside each ratio, the most this machine allows ours (measured in the same run): decode reads every
 weight once a token, so it is at most one token per pass of one row through the engine's own block
 matrices (timed in the engine: `matrices_b1`); prefill multiplies 2 x params flops a token, at most at
-the rate of a large bfloat16 GEMM (oneDNN, the wide steps' GEMMs). The memory read bandwidth (a torch
-sum of 1 GiB) is printed for reference.
+the rate of a large bfloat16 GEMM (oneDNN, the wide steps' GEMMs with --wide-matmul-dtype bfloat16). The
+int16 and int8 settings (auto is int16 where the CPU has int8 dot products) run on those dot products
+instead, whose peak this does not measure, so for them the printed prefill ceiling is the bfloat16
+path's bound, not theirs (Zen 4's int8 block GEMMs multiply faster than its bfloat16 GEMM). The memory
+read bandwidth (a torch sum of 1 GiB) is printed for
+reference.
 
     python benchmarks/bench_gguf.py /tmp/synth-1b-q4_k_m.gguf ... [--rounds 2] [--llama-bench PATH]
 """
