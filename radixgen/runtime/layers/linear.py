@@ -23,8 +23,9 @@ Every representation computes x @ W^T (+ bias) for x [M, in] -> [M, out].
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -97,16 +98,8 @@ class WideMatmul:
 def long_extend_runs(extend_lens: list[int], min_len: int) -> Runs:
     """Row ranges of the requests that extend by more than `min_len` tokens (adjacent ones merged),
     in a step whose rows are the requests' new tokens one after another."""
-    runs: list[tuple[int, int]] = []
-    start = 0
-    for n in extend_lens:
-        if n > min_len:
-            if runs and runs[-1][1] == start:
-                runs[-1] = (runs[-1][0], start + n)
-            else:
-                runs.append((start, start + n))
-        start += n
-    return tuple(runs)
+    starts = itertools.accumulate(extend_lens, initial=0)  # one more than the requests: the step's end
+    return _merged((start, start + n) for start, n in zip(starts, extend_lens, strict=False) if n > min_len)
 
 
 def runs_among(runs: Runs, rows: torch.Tensor) -> Runs:
@@ -115,13 +108,20 @@ def runs_among(runs: Runs, rows: torch.Tensor) -> Runs:
     if not runs:
         return ()
     bounds = torch.searchsorted(rows, torch.tensor([b for run in runs for b in run], dtype=rows.dtype)).tolist()
-    among: list[tuple[int, int]] = []
-    for start, end in zip(bounds[::2], bounds[1::2], strict=True):
-        if end > start and among and among[-1][1] == start:
-            among[-1] = (among[-1][0], end)
-        elif end > start:
-            among.append((start, end))
-    return tuple(among)
+    return _merged(zip(bounds[::2], bounds[1::2], strict=True))
+
+
+def _merged(spans: Iterable[tuple[int, int]]) -> Runs:
+    """Ascending disjoint [start, end) spans with the empty ones dropped and adjacent ones joined."""
+    runs: list[tuple[int, int]] = []
+    for start, end in spans:
+        if end <= start:
+            continue
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], end)
+        else:
+            runs.append((start, end))
+    return tuple(runs)
 
 
 # Bytes of a weight slice the wide GEMMs dequantize at a time (kept between calls: fresh pages fault slowly).
