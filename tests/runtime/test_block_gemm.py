@@ -86,21 +86,19 @@ def test_block_linear_matches_gguf_dequantized(qtype, m):
     assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
-def test_block_linear_rows_do_not_depend_on_batch_mates(qtype):
-    """Each output sums its products in one fixed order whatever the row count within a kernel path
-    (the vector path below `block_gemm_amx_rows()` rows, the AMX tiles from there), so a row's result is
-    bit-identical alone or among any others of its path (the 8-row groups, 16-row tiles, 128-row chunks
-    and their remainders); across the two paths it agrees to float precision."""
-    w = pack_panels(from_gguf(random_gguf(qtype, 50, 128, 7), qtype))
-    x = torch.randn(140, 128, generator=torch.Generator().manual_seed(3))
-    amx_rows = library().block_gemm_amx_rows()
-    alone = torch.cat([block_linear(x[i : i + 1], w) for i in range(len(x))])
-    wide = block_linear(x, w)
-    for m in (2, 5, 9, 16, 17, 20, 40, 129, 140):
-        y = block_linear(x[:m], w)
-        assert torch.equal(y, alone[:m] if not amx_rows or m < amx_rows else wide[:m])
-        torch.testing.assert_close(y, alone[:m], rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("limbs", [1, 2, 3])
+def test_block_linear_rows_do_not_depend_on_batch_mates(qtype, limbs):
+    """Each output sums the same integer products and combines them in the same float operations on every
+    path of a build (the vector path, and AMX tiles from `block_gemm_amx_rows()` rows where the CPU has
+    them), so a row's result is bit-identical alone or among any others (the 8-row groups, 16-row tiles
+    and their remainders)."""
+    n, k = 50, width(qtype)
+    w = pack_panels(from_gguf(random_gguf(qtype, n, k, 7), qtype))
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(3))
+    alone = torch.cat([block_linear(x[i : i + 1], w, limbs=limbs) for i in range(len(x))])
+    for m in (2, 5, 9, 16, 17, 20, 40, 70):
+        assert torch.equal(block_linear(x[:m], w, limbs=limbs), alone[:m])
 
 
 def limb_error_bound(x: torch.Tensor, dense: torch.Tensor, limbs: int) -> torch.Tensor:

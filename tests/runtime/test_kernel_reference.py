@@ -54,7 +54,7 @@ def expected_paths(variant: str, flags: set[str]) -> set[str]:
             paths.add("avx-vnni")
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
             paths.add("avx512-vnni")
-            if {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags:
+            if {"amx_tile", "amx_int8"} <= flags:
                 paths.add("amx")
     return paths
 
@@ -73,9 +73,8 @@ def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 @pytest.mark.parametrize("qtype", ALL_TYPES)
 @pytest.mark.parametrize("m", [1, 3, 16, 17, 20, 40, 130])
 def test_block_gemm(libs, qtype, m):
-    """Native from block_gemm_amx_rows() rows on runs the AMX tiles for the fp16 formats (2 x 2 tiles,
-    an odd tile, a partial 128-row chunk); below, other formats, and in the other builds, the vector
-    paths."""
+    """Native from block_gemm_amx_rows() rows on runs the AMX tiles (a whole tile, partial ones, an odd
+    number of them); below, and in the other builds, the vector paths."""
     n, k = 37, width(qtype)  # a partial last panel
     w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=m), qtype))
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -84,12 +83,14 @@ def test_block_gemm(libs, qtype, m):
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
 @pytest.mark.parametrize("limbs", [1, 2])
-def test_block_gemm_fewer_limbs(libs, qtype, limbs):
+@pytest.mark.parametrize("m", [13, 40])
+def test_block_gemm_fewer_limbs(libs, qtype, limbs, m):
     """Two activation limbs or one (long prompt chunks, `wide_matmul_dtype` int16 / int8): whole 8-row
-    tiles and a partial one, in every build."""
+    tiles and a partial one, and from block_gemm_amx_rows() rows on AMX tiles (two whole, one partial), in
+    every build."""
     n, k = 37, width(qtype)
     w = pack_panels(from_gguf(random_gguf(qtype, n, k, seed=limbs), qtype))
-    x = torch.randn(13, k, generator=torch.Generator().manual_seed(limbs))
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(limbs))
     close(block_linear(x, w, libs[0], limbs=limbs), block_linear(x, w, libs[1], limbs=limbs))
 
 

@@ -2,12 +2,16 @@
  * the kernel library (not part of the Python boundary in radixgen_kernels.h). */
 #ifndef RADIXGEN_AMX_GEMM_H
 #define RADIXGEN_AMX_GEMM_H
+#include "activation_blocks.h"
 #include "radixgen_kernels.h"
 
 /* 1 when this build has the AMX path and the OS lends this process the tile state, else 0. */
 int amx_ready(void);
 
-/* block_gemm's result on AMX tiles; -1 when the path is absent or refused, or on bad sizes / memory. */
-int amx_block_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t K, int64_t N, float *y, int nthreads);
+/* block_gemm_limbs's result, bit for bit, on AMX int8 tiles for activations already quantized in `limbs` (1..3)
+ * limbs (xq: M rows of K / 32 blocks, then zero blocks up to a multiple of 16 rows); -1 when the path is
+ * absent or refused, or on bad sizes / memory. */
+int amx_block_gemm(const rg_block_weight *w, const xblock *xq, int64_t M, int64_t K, int64_t N, float *y, int limbs,
+                   int nthreads);
 
 #endif

@@ -35,6 +35,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "activation_blocks.h"
 #include "amx_gemm.h"
 #include "block_format.h"
 #include "block_unpack.h"
@@ -43,72 +44,17 @@
 #include "simd_math.h"
 #include "thread_pool.h"
 
-#define QK 32
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
 #define ROWS_1LIMB 4 /* rows whose one-limb sums the AVX-512 path interleaves (two with more limbs) */
-#define LIMBS 3
 #define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
-#define LIMB_BASE 254.0f
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
 #ifndef AMX_MIN_ROWS
 #define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
 #endif
 
-/* One block of one activation row: its scale, what its weight format's products add (the float sums its
- * mins multiply, free mins, or the integer sums its offset multiplies, offset formats), then its limbs.
- * Only a GEMM's `limbs` limbs are stored, so a row's blocks lie XBLOCK_BYTES(limbs) apart (48, 80 or 112
- * bytes, xblock_at): every panel streams all the activation rows past its weights, and a prefill's one or
- * two limbs are then 2.7x or 1.6x fewer bytes than a fixed 128-byte block. */
-typedef struct {
-    float s;                   /* x ~= s * q0, s * (254 q0 + q1) or s * (q0 + q1 / 254 + q2 / 254^2) */
-    union {                    /* per scale: the block ([0]) or each half (x 0..15, 16..31) */
-        float sum[2];          /* free mins: the sums of x */
-        int32_t off[2];        /* an offset, one or two limbs: -offset * the sum of q0 or of 254 q0 + q1 (the
-                                  last limb sum's start) */
-        float foff[2];         /* an offset, three limbs: -offset * (the sums of q0 + q1 / 254 + q2 / 254^2) */
-    };
-    int32_t pad;
-    int8_t q[LIMBS][QK];       /* the first `limbs` only */
-} xblock;
-
-#define XBLOCK_BYTES(limbs) ((int64_t)offsetof(xblock, q) + QK * (int64_t)(limbs))
-_Static_assert(offsetof(xblock, q) == 16, "an xblock's limbs start 16 bytes in");
-
-/* Block i (row * blocks per row + block) of activations stored in `limbs` limbs. */
-static inline const xblock *xblock_at(const xblock *xq, int64_t i, int limbs) {
-    return (const xblock *)((const char *)xq + i * XBLOCK_BYTES(limbs));
-}
-
-/* x86's vector paths read signed 8-bit q as unsigned (q + 128: vpdpbusd's unsigned side), an offset of
- * 128 their sums take off like a format's own; the others multiply signed q as they are. */
-#if defined(RG_AVX512) || defined(RG_AVXVNNI)
-#define SIGNED8_OFFSET 128
-#else
-#define SIGNED8_OFFSET 0
-#endif
-
-/* The offset the integer sums take off for format fmt: its own (FMT_OFFSET), or signed 8-bit q's. */
-static inline int xblock_offset(const int fmt) { return fmt == FMT_I8H ? SIGNED8_OFFSET : FMT_OFFSET(fmt); }
-
-/* The float sums of x fmt's mins multiply: 0 (no mins, or an offset instead), 1 (the block's), 2 (its halves'). */
-static inline int xblock_sums(const int fmt) { return FMT_HAS_MIN(fmt) && !FMT_OFFSET(fmt) ? FMT_HALVES(fmt) : 0; }
-
-#define C1 (1.0f / LIMB_BASE)                 /* the second limb's unit */
-#define C2 (1.0f / (LIMB_BASE * LIMB_BASE))   /* the third's */
 static const float LIMB_UNIT[LIMBS] = {1.0f, C1, C2};
 static const float PAIR_UNIT[2] = {LIMB_BASE, 1.0f};  /* two limbs' weights in their int32 combination */
-
-/* 254 a, for two limbs' int32 combination (shifts: vpmulld would take an FMA pipe's slot). */
-#if defined(RG_AVX512)
-static inline __m512i times_base(__m512i a) {
-    return _mm512_sub_epi32(_mm512_slli_epi32(a, 8), _mm512_slli_epi32(a, 1));
-}
-#elif defined(RG_AVX2)
-static inline __m256i times_base(__m256i a) {
-    return _mm256_sub_epi32(_mm256_slli_epi32(a, 8), _mm256_slli_epi32(a, 1));
-}
-#endif
 
 /* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
  * nonzero `offset`, off (one or two limbs) or foff (three), per half block where halves is 2; the rest is left
@@ -692,22 +638,23 @@ int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
  * ceil(n / 16) panels; `limbs` (1..3) activation limbs: 3 as float32 (decode), 2 to ~2^-16 of each block's
  * largest activation, 1 to 2^-8 (llama.cpp's Q8 activations), each fewer about halving the integer work.
  * Returns 0, or -1 when k is not a multiple of 32, limbs is not 1..3, w's format is not one of
- * block_format.h's, or the activation limbs cannot be allocated. AMX tiles take the fp16 formats in three
- * limbs (the engine sends every row there: no wide path on AMX). */
+ * block_format.h's, or the activation limbs cannot be allocated. From AMX_MIN_ROWS rows, where the CPU lends
+ * AMX, the same sums run on its tiles (amx_gemm.c), with the same result. */
 int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int limbs,
                      int nthreads) {
     const int fmt = rg_block_format(w);
     if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
         (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    if (limbs == LIMBS && M >= AMX_MIN_ROWS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H) && amx_ready())
-        return amx_block_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    const int64_t rows = limbs < LIMBS ? (M + MR - 1) / MR * MR : M;  /* whole tiles: the rest zero */
+    const int amx = M >= AMX_MIN_ROWS && amx_ready();
+    const int64_t tile = amx ? 16 : MR;  /* the AMX tiles' rows, or the vector path's */
+    const int64_t rows = limbs < LIMBS || amx ? (M + tile - 1) / tile * tile : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, (size_t)(XBLOCK_BYTES(limbs) * rows * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, limbs, fmt, xq, nthreads);
     memset((char *)xq + XBLOCK_BYTES(limbs) * M * nb, 0, (size_t)(XBLOCK_BYTES(limbs) * (rows - M) * nb));
+    if (amx) return amx_block_gemm(w, xq, M, k, n, y, limbs, nthreads);
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     /* a panel over a whole tile of rows costs more than a claim: runs shrink to single panels at the end */
     rg_parallel(nthreads, panels, M >= MR ? RG_GUIDED : RG_STATIC, panels_range, &job);

@@ -80,7 +80,7 @@ typedef struct {
 } rg_decode_step;
 
 /* The SIMD paths this build runs, a bit set (simd_math.h): 0 scalar (no SIMD, or -DRADIXGEN_SCALAR),
- * 1 AVX2 + FMA, 2 AVX-VNNI, 4 AVX-512 with VNNI, 8 AMX (bf16 tiles). */
+ * 1 AVX2 + FMA, 2 AVX-VNNI, 4 AVX-512 with VNNI, 8 AMX (int8 tiles). */
 int rg_simd_level(void);
 
 /* sizeof of the structs above, for ffi.py's check of its mirrors. */

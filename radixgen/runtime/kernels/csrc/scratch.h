@@ -6,8 +6,8 @@
 /* One buffer per slot and calling thread; a kernel that calls another uses a different slot. */
 enum {
     RG_SCRATCH_ACTIVATIONS,  /* block_gemm: activation limbs */
-    RG_SCRATCH_AMX_LIMBS,    /* amx_gemm: limb tiles and block sums */
-    RG_SCRATCH_AMX_THREADS,  /* amx_gemm: each OpenMP thread's weight tiles and accumulators */
+    RG_SCRATCH_AMX_LIMBS,    /* amx_gemm: the activations' records (limb tiles, scales, sums) */
+    RG_SCRATCH_AMX_THREADS,  /* amx_gemm: each thread's weight tiles, scales and result tiles */
     RG_SCRATCH_ATTENTION,    /* decode_attention: each thread's scores */
     RG_SCRATCH_SHARED,       /* shared_prefix_attention: each thread's scores and transposes */
     RG_SCRATCH_STEP,         /* decode_layers: the step's activations */
