@@ -18,10 +18,9 @@ from radixgen.runtime.executor.forward_batch import make_forward_batch
 from radixgen.runtime.executor.model_runner import ModelRunner, wide_matmul
 from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi
-from radixgen.runtime.kernels.block_gemm import block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention.torch_backend import ExtendCall, SdpaCall
-from radixgen.runtime.layers.linear import BlockLinear, WideMatmul, long_extend_runs, runs_among
+from radixgen.runtime.layers.linear import WideMatmul, long_extend_runs, runs_among
 from tests.runtime.test_model_logits import ATOL, PROMPT, Seq
 
 LONG_TEXT = (
@@ -68,10 +67,6 @@ def test_long_extends_run_below_float32_within_tolerance(smollm2_path, hf_smollm
     from radixgen.runtime.tokenizer import load_tokenizer
 
     runner = _runner(smollm2_path, wide)
-    if block_rows_limit() is None:  # AMX: the block kernel takes every row, there is no fallback to convert
-        assert runner.model.long_extend_min is None
-        assert all(m.wide_matmul is None for m in runner.model.modules() if isinstance(m, BlockLinear))
-        return
     ids = load_tokenizer().encode(LONG_TEXT)
     assert len(ids) > runner.model.long_extend_min
     with torch.no_grad():
@@ -90,8 +85,6 @@ def test_fewer_limbs_trade_precision_for_speed_in_order(smollm2_path, hf_smollm2
     bfloat16 GEMMs, then int8 (one limb, llama.cpp's Q8 activations), on average over its tokens."""
     from radixgen.runtime.tokenizer import load_tokenizer
 
-    if block_rows_limit() is None:  # AMX: no wide path
-        return
     ids = load_tokenizer().encode(LONG_TEXT)
     with torch.no_grad():
         ref = hf_smollm2(torch.tensor([ids])).logits[0].float()
@@ -160,7 +153,7 @@ def test_sliding_window_long_chunks_attend_in_c_within_tolerance(tmp_path):
     path = write_tiny_gemma3_gguf(tmp_path / "gemma3.gguf", Q4_K_M_MIX, "Q5_0")
     runner = _runner(path, "int16")
     long = runner.model.long_extend_min
-    if long is None or not c_extend.available(runner.kv_dtype, 2, 1, 256):  # AMX or no AVX512-BF16: no C path
+    if not c_extend.available(runner.kv_dtype, 2, 1, 256):  # no AVX512-BF16: no C path
         assert not runner.long_attention_in_c
         return
     assert runner.long_attention_in_c and runner.model.wide_in_c

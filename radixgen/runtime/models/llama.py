@@ -35,6 +35,7 @@ from radixgen.radix_cache.memory_pool import TokenToKVPool
 from radixgen.runtime.executor.forward_batch import ForwardBatch
 from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels.block_gemm import (
+    WIDE_ROWS,
     PanelWeight,
     block_rows_limit,
     concat_rows,
@@ -226,10 +227,13 @@ class LlamaModel(nn.Module):
 
     def _specialize(self, pack_dense: bool, c_kernels: bool, wide: WideMatmul) -> None:
         """Plain matrices packed for oneDNN (`pack_dense`); block matrices' wide steps (past
-        `block_rows_limit()` rows, none on AMX) as `wide` says, a precision below float32's
-        taking the rows of long extends only (the head, outside those, keeps every row in the block
-        kernel); C per-token ops."""
+        `block_rows_limit()` rows; on AMX, where the block kernel takes any number of rows in float32,
+        long extends past WIDE_ROWS at a lower precision only) as `wide` says, a precision below
+        float32's taking the rows of long extends only (the head, outside those, keeps every row in the
+        block kernel); C per-token ops."""
         limit = block_rows_limit()
+        if limit is None and wide.lower:
+            limit = WIDE_ROWS
         for m in self.modules():
             if isinstance(m, BlockLinear):
                 m.wide_matmul = None if limit is None else wide
