@@ -55,6 +55,12 @@ int amx_ready(void) {
     return amx_permitted;
 }
 
+/* Whether format fmt's B tiles hold signed weights q - offset in L limbs: the offset formats' in one or two
+ * limbs, whose sums the vector path starts from the offset's share (xblock's off), an integer, so that
+ * sum_k (q - offset) x_k is the same integer; in three limbs it adds the share in float (foff) after the
+ * sums, which the epilogue does too. */
+#define SIGNED_TILES(fmt, L) (xblock_offset(fmt) != 0 && (L) <= 2)
+
 /* Tile registers: result tiles 0-5, a set (whole blocks: 0-2 and 3-5, the products of block b + 1 run while
  * block b's epilogue does) or a half block's (3 h + l) per limb l; then the A and B tiles of a whole block
  * (16 x 32 activation bytes, 8 x 64 weight bytes) or of a half block (16 x 16, 4 x 64). The intrinsics take
@@ -119,14 +125,11 @@ static inline __attribute__((always_inline)) void fold_block(const int fmt, cons
                                                               __m512 *acc) {
     const int halves = FMT_HALVES(fmt);
     const float *scale = (const float *)(rec + L * A_BYTES), *sum = scale + 16;  /* sum: the union's bits */
-    const int32_t *off = (const int32_t *)sum;
     const __m512 c1 = _mm512_set1_ps(C1), c2 = _mm512_set1_ps(C2);
     for (int r = 0; r < MT; r++) {
         for (int h = 0; h < halves; h++) {
             __m512i a[LIMBS];
             for (int l = 0; l < L; l++) a[l] = _mm512_load_si512(cb + ((h * L + l) * MT + r) * NR);
-            if (xblock_offset(fmt) && L <= 2)  /* the vector path's last limb starts from the offset's share */
-                a[L - 1] = _mm512_add_epi32(a[L - 1], _mm512_set1_epi32(off[16 * h + r]));
             __m512 v = _mm512_cvtepi32_ps(L == 2 ? _mm512_add_epi32(times_base(a[0]), a[1]) : a[0]);
             if (L > 2) {
                 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a[1]), c1, v);
@@ -140,23 +143,30 @@ static inline __attribute__((always_inline)) void fold_block(const int fmt, cons
     }
 }
 
+/* C += A B for signed activation bytes and weight bytes signed (S) or unsigned. */
+#define PRODUCT(S, C)                                                                \
+    do {                                                                             \
+        if (S) _tile_dpbssd(C, T_A, T_B);                                            \
+        else _tile_dpbsud(C, T_A, T_B);                                              \
+    } while (0)
+
 /* Products of one block (whole or half h: its activation record `rec` and B tile `bt` at that half) for each
- * limb l into result tile C<l>, the literal tile numbers of a set (0 1 2 or 3 4 5). */
-#define PRODUCTS(C0, C1, C2, L, bt, rec)                                             \
+ * limb l into result tile C<l>, the literal tile numbers of a set (0 1 2 or 3 4 5); S: signed weights. */
+#define PRODUCTS(C0, C1, C2, S, L, bt, rec)                                          \
     do {                                                                             \
         _tile_loadd(T_B, (bt), 64);                                                  \
         _tile_zero(C0);                                                              \
         _tile_loadd(T_A, (rec), 32);                                                 \
-        _tile_dpbsud(C0, T_A, T_B);                                                  \
+        PRODUCT(S, C0);                                                              \
         if ((L) > 1) {                                                               \
             _tile_zero(C1);                                                          \
             _tile_loadd(T_A, (rec) + A_BYTES, 32);                                   \
-            _tile_dpbsud(C1, T_A, T_B);                                              \
+            PRODUCT(S, C1);                                                          \
         }                                                                            \
         if ((L) > 2) {                                                               \
             _tile_zero(C2);                                                          \
             _tile_loadd(T_A, (rec) + 2 * A_BYTES, 32);                               \
-            _tile_dpbsud(C2, T_A, T_B);                                              \
+            PRODUCT(S, C2);                                                          \
         }                                                                            \
     } while (0)
 
@@ -182,14 +192,14 @@ static inline __attribute__((always_inline)) void panel_tile(const int fmt, cons
 #define FOLD(cb, b) fold_block(fmt, L, cb, d + (b) * scales, m + (b) * scales, recs + (b) * rec_bytes, acc)
     if (halves == 1) {  /* block b + 1's products run while block b's epilogue does */
         for (int64_t b = 0; b < nb; b += 2) {
-            PRODUCTS(0, 1, 2, L, bt + b * B_BYTES, recs + b * rec_bytes);
+            PRODUCTS(0, 1, 2, SIGNED_TILES(fmt, L), L, bt + b * B_BYTES, recs + b * rec_bytes);
             if (b > 0) FOLD(cb1, b - 1);
             STORE(0, 1, 2, L, cb0);
             if (b + 1 == nb) {
                 FOLD(cb0, b);
                 break;
             }
-            PRODUCTS(3, 4, 5, L, bt + (b + 1) * B_BYTES, recs + (b + 1) * rec_bytes);
+            PRODUCTS(3, 4, 5, SIGNED_TILES(fmt, L), L, bt + (b + 1) * B_BYTES, recs + (b + 1) * rec_bytes);
             FOLD(cb0, b);
             STORE(3, 4, 5, L, cb1);
             if (b + 2 == nb) FOLD(cb1, b + 1);
@@ -198,8 +208,8 @@ static inline __attribute__((always_inline)) void panel_tile(const int fmt, cons
         for (int64_t b = 0; b < nb; b++) {
             const int8_t *bb = bt + b * B_BYTES;
             const uint8_t *rb = recs + b * rec_bytes;
-            PRODUCTS(0, 1, 2, L, bb, rb);
-            PRODUCTS(3, 4, 5, L, bb + 256, rb + 16);
+            PRODUCTS(0, 1, 2, SIGNED_TILES(fmt, L), L, bb, rb);
+            PRODUCTS(3, 4, 5, SIGNED_TILES(fmt, L), L, bb + 256, rb + 16);
             STORE(0, 1, 2, L, cb0);
             STORE(3, 4, 5, L, cb0 + L * MT * NR);
             FOLD(cb0, b);
@@ -227,6 +237,8 @@ static inline __attribute__((always_inline)) void run_panels(const int fmt, cons
             __m512i w[8];
             __m512 db[2], mb[2];
             weights16(fmt, v.qs + b * FMT_BLOCK_BYTES(fmt), w);
+            if (SIGNED_TILES(fmt, L))
+                for (int g = 0; g < 8; g++) w[g] = _mm512_sub_epi8(w[g], _mm512_set1_epi8((char)xblock_offset(fmt)));
             for (int g = 0; g < 8; g++) _mm512_store_si512(bt + b * B_BYTES + 64 * g, w[g]);
             scales16(fmt, &v, b, db, mb);
             for (int h = 0; h < halves; h++) {
