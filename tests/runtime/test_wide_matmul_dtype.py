@@ -172,7 +172,9 @@ def test_sliding_window_long_chunks_attend_in_c_within_tolerance(tmp_path):
 def test_last_layer_on_logits_rows_only_keeps_each_rows_precision(smollm2_path, wide):
     """A step whose last layer computes only its logits rows gives those rows the logits, bit for bit, that
     the same step gives them when every row's logits are wanted: each kept row takes the same path (a long
-    chunk's rows the wide GEMM, a short request's the float32 block kernel) as among all rows."""
+    chunk's rows the wide GEMM, a short request's the float32 block kernel) as among all rows. On AMX the
+    head's float32 rows run on bfloat16 tiles from 16 rows on (the whole step, not the kept rows): there the
+    logits agree to float32's rounding (~1e-5), far inside what another precision path moves them (>0.1)."""
     from radixgen.runtime.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
@@ -184,8 +186,10 @@ def test_last_layer_on_logits_rows_only_keeps_each_rows_precision(smollm2_path, 
     all_logits = _extend_together(runner, prompts, every)  # [T, V]
     starts = [0, len(short_ids), len(short_ids) + len(long_ids)]
     picked = [start + r for start, rows in zip(starts, some, strict=True) for r in rows]
-    assert torch.equal(_extend_together(runner, prompts, some), all_logits[picked])
-    assert torch.equal(_extend_together(runner, [long_ids]), all_logits[starts[2] - 1 : starts[2]])
+    amx = ffi.library().block_gemm_amx_rows() > 0
+    same = (lambda a, b: torch.allclose(a, b, rtol=0, atol=1e-4)) if amx else torch.equal
+    assert same(_extend_together(runner, prompts, some), all_logits[picked])
+    assert same(_extend_together(runner, [long_ids]), all_logits[starts[2] - 1 : starts[2]])
 
 
 def test_runs_among_selected_rows_against_a_row_by_row_count():

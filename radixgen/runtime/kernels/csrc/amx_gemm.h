@@ -1,4 +1,4 @@
-/* The AMX path of the block GEMM (amx_gemm.c), called by block_gemm for many rows. Internal to
+/* The AMX paths of the block GEMM (amx_gemm.c, amx_bf16.c), called by block_gemm for many rows. Internal to
  * the kernel library (not part of the Python boundary in radixgen_kernels.h). */
 #ifndef RADIXGEN_AMX_GEMM_H
 #define RADIXGEN_AMX_GEMM_H
@@ -13,5 +13,10 @@ int amx_ready(void);
  * absent or refused, or on bad sizes / memory. */
 int amx_block_gemm(const rg_block_weight *w, const xblock *xq, int64_t M, int64_t K, int64_t N, float *y, int limbs,
                    int nthreads);
+
+/* block_gemm's result in float32's precision (3 limbs) on AMX bfloat16 tiles for the fp16 formats (Q4_0, Q4_1,
+ * Q8_0: amx_bf16.c), within float32's rounding of amx_block_gemm's; -1 when the path is absent or refused, or
+ * on another format, bad sizes or memory. */
+int amx_bf16_gemm(const rg_block_weight *w, const float *x, int64_t M, int64_t K, int64_t N, float *y, int nthreads);
 
 #endif

@@ -639,15 +639,18 @@ int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
  * largest activation, 1 to 2^-8 (llama.cpp's Q8 activations), each fewer about halving the integer work.
  * Returns 0, or -1 when k is not a multiple of 32, limbs is not 1..3, w's format is not one of
  * block_format.h's, or the activation limbs cannot be allocated. From AMX_MIN_ROWS rows, where the CPU lends
- * AMX, the same sums run on its tiles (amx_gemm.c), with the same result. */
+ * AMX, the same sums run on its int8 tiles (amx_gemm.c), with the same result; but the fp16 formats in three
+ * limbs, float32's precision, run on its bfloat16 tiles (amx_bf16.c), faster, within float32's rounding. */
 int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int limbs,
                      int nthreads) {
     const int fmt = rg_block_format(w);
     if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
         (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int amx = M >= AMX_MIN_ROWS && amx_ready();
+    if (amx && limbs == LIMBS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H))
+        return amx_bf16_gemm(w, x, M, k, n, y, nthreads);
+    const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
     const int64_t tile = amx ? 16 : MR;  /* the AMX tiles' rows, or the vector path's */
     const int64_t rows = limbs < LIMBS || amx ? (M + tile - 1) / tile * tile : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, (size_t)(XBLOCK_BYTES(limbs) * rows * nb));

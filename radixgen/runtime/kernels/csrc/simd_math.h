@@ -6,7 +6,7 @@
  *   RG_AVXVNNI     AVX-VNNI: 256-bit vpdpbusd (e.g. Alder Lake, Sierra Forest)
  *   RG_AVX512      AVX-512 F/BW/VL/DQ with AVX512-VNNI: 16-float vectors, 512-bit vpdpbusd
  *   RG_AVX512BF16  AVX512-BF16: vdpbf16ps, pairs of bfloat16 products summed in float32
- *   RG_AMX         AMX tiles with int8 dot products (with AVX-512): the matrix units
+ *   RG_AMX         AMX tiles with int8 and bf16 dot products (and AVX512-BF16): the matrix units
  *   RG_NEON        Arm64 NEON with the dot-product extension (Armv8.2 sdot: Graviton 2+, Ampere, Apple M):
  *                  4-float vectors, 16 signed byte products per instruction
  *
@@ -33,7 +33,8 @@
 #if defined(RG_AVX512) && defined(__AVX512BF16__)
 #define RG_AVX512BF16 1
 #endif
-#if defined(RG_AVX512) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#if defined(RG_AVX512) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__) && \
+    defined(__AVX512BF16__) && defined(__linux__)
 #define RG_AMX 1
 #endif
 #if defined(__aarch64__) && defined(__ARM_NEON) && defined(__ARM_FEATURE_DOTPROD)
