@@ -63,7 +63,8 @@ class EngineConfig:
     instead of the kernels that read them in their GGUF blocks (CPU, float32)."""
     wide_matmul_dtype: Literal["auto", "float32", "bfloat16", "int16", "int8"] = "auto"
     """Matrix products of long prompt chunks (more tokens than the GGUF block kernel's row limit, which
-    the start-up log names) in a float32 GGUF model on CPU where that kernel has a limit (not on AMX).
+    the start-up log names; on AMX, whose tiles take any number in float32, WIDE_ROWS) in a float32 GGUF
+    model on CPU.
     int16 / int8: the chunk's activations in two int8 limbs (16 bits per 32-value block) or one (8 bits,
     as llama.cpp's Q8 activations) in the block kernel's integer dot products, on the weights' own
     blocks; bfloat16: oneDNN GEMMs on bfloat16 slices of the weights. auto picks int16 where the CPU has

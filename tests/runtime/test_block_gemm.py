@@ -264,7 +264,7 @@ def test_zero_rows_on_a_fresh_thread():
 
 
 def test_block_path_row_limit():
-    """Any number of rows where AMX tiles take the wide ones; on the vector paths WIDE_ROWS where they
+    """Any number of float32 rows where AMX tiles take the wide ones; on the vector paths WIDE_ROWS where they
     compute about as fast as float32 FMAs (timed once at start-up), else BLOCK_MAX_ROWS."""
     amx = library().block_gemm_amx_rows() > 0
     limit = block_rows_limit()

@@ -64,7 +64,7 @@ def test_engine_flush_starts_no_team(tiny_models):
 
 def test_steps_run_torch_serially_unless_attention_is_a_large_share(engine):
     """On SmolLM2's GGUF blocks the matrices run in the C kernels (up to `block_rows_limit()` rows,
-    any number on AMX, and every row but long chunks' where those run bfloat16 GEMMs; all rows where
+    any number on AMX; every row but long chunks' where those run bfloat16 GEMMs; all rows where
     long chunks take fewer activation limbs, `wide_matmul_dtype` int16 / int8): the worker
     thread runs a step's torch ops serially (a parallel one left torch's OpenMP worker spinning on the
     core the kernels' worker needs), except prefill steps whose attention (torch SDPA) is over a tenth

@@ -121,7 +121,7 @@ class ModelRunner:
         bf16_attention = long is not None and self.attention.use_bf16_long_extends(
             long, self.kv_dtype, attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.long_attention_in_c = bf16_attention and long_attention_c  # (soft-capped layers attend in torch)
-        limit = block_rows_limit() if has_blocks else None
+        limit = long or (block_rows_limit() if has_blocks else None)  # (on AMX: long chunks' only)
         wide_text = (f"{8 * wide.limbs}-bit activations in the block kernel" if wide.limbs is not None
                      else f"{str(wide.dtype).removeprefix('torch.')} oneDNN, sliced")
         wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"

@@ -74,7 +74,7 @@ class ModelWorker:
         # speculator keeps verifying steps within it
         self.fast_decode_rows: int | None = runner.model.one_call_rows
         # On a model whose matrices run in the C kernels (up to `block_rows_limit()` rows on the vector
-        # paths, any number on AMX or in a step without a long chunk where those take bfloat16 GEMMs), a
+        # paths, any number on AMX, or in a step without a long chunk where those take bfloat16 GEMMs), a
         # step's torch ops (sampling on [B, V] logits, residual adds, prefill attention) run serially on
         # this thread unless attention is a large share of the step (`StepPlan.serial_torch`,
         # executor/step_plan.py). Run in parallel, each left torch's OpenMP worker spinning for the rest of the

@@ -10,9 +10,11 @@ vector instructions: on SmolLM2-135M (one thread, CPU time, Xeon with AVX512-VNN
 through the 210 layer matrices took 15.5 ms that way and takes 9.3 ms now, the Q8_0 head 5.3 -> 3.1
 ms, where the weights' streaming from memory is the bound. `use_blocks` routes up to `block_rows_limit()`
 rows here (BLOCK_MAX_ROWS, or WIDE_ROWS where a start-up probe finds the kernel computing about as fast
-as float32 FMAs; any number on AMX). Each output sums its products in one order whatever the row
-count, so within that range a request's logits do not depend on its batch-mates. Rows that accept less
-precision (long prompt chunks, `wide_matmul_dtype` int16 / int8) may take two limbs or one (`limbs`).
+as float32 FMAs; any number on AMX, whose int8 tiles compute the same integer sums from 16 rows on).
+Each output sums its products in one order whatever the row count, so within that range a request's
+logits do not depend on its batch-mates (on AMX the fp16 formats in three limbs run on bfloat16 tiles
+instead: float32's rounding, not the same bits). Rows that accept less precision (long prompt chunks,
+`wide_matmul_dtype` int16 / int8) may take two limbs or one (`limbs`).
 
 The C file is built on first use (`ffi.library()` is None if that fails, and the model then runs
 dense GEMMs only).

@@ -7,7 +7,7 @@
   them about twice as fast (SmolLM2-135M, all matrices, 2 threads: fp32 batch 1 54.6 -> 30.6 ms,
   batch 16 79 -> 42 ms, batch 256 573 -> 395 ms; bf16 batch 1 30.6 -> 17.4 ms).
 - `BlockLinear`: a GGUF matrix in the block kernel's panels (`kernels/block_gemm.py`), the only copy
-  of the weight, for float32 rows on CPU. The block kernel takes every row where it has AMX tiles,
+  of the weight, for float32 rows on CPU. The block kernel takes every float32 row where it has AMX tiles,
   else up to `block_rows_limit()` rows; wider inputs (prefill) run GEMMs on slices of the weight
   dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit. At a lower
   precision (`WideMatmul`, from `wide_matmul_dtype`) only the rows of the step's long extends (`wide`,
