@@ -647,7 +647,8 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
         (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    const int amx = M >= AMX_MIN_ROWS && amx_ready();
+    /* (half-block formats in one limb: two half-width tile products and stores a block, slower than vpdpbusd) */
+    const int amx = M >= AMX_MIN_ROWS && !(limbs == 1 && FMT_HALVES(fmt) == 2) && amx_ready();
     if (amx && limbs == LIMBS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H))
         return amx_bf16_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
