@@ -54,7 +54,7 @@ def expected_paths(variant: str, flags: set[str]) -> set[str]:
             paths.add("avx-vnni")
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags:
             paths.add("avx512-vnni")
-            if {"amx_tile", "amx_int8"} <= flags:
+            if {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= flags:
                 paths.add("amx")
     return paths
 

@@ -6,9 +6,10 @@
  * A one limb of 16 activation rows' block (32 int8), B a panel's block of 32 weights for its 16 output rows,
  * unsigned as the vector path reads them (weights16: the bytes vpdpbusd multiplies, 4 k per dword, which is
  * the tile's own layout). Each result tile then holds, for 16 rows, the sums the vector path's vpdpbusd
- * chains hold, and the epilogue (fold_block) is the vector path's, operation for operation. Half-block
- * formats (Q6_K, Q2_K/Q3_K: a scale per 16 weights) take two half products (A [16, 16], B [16, 16]) per block
- * and limb.
+ * chains hold (for the offset formats in one or two limbs, B holds q - offset and TDPBSSD yields the same
+ * integers: SIGNED_TILES), and the epilogue (fold_block) is the vector path's, operation for operation.
+ * Half-block formats (Q6_K, Q2_K/Q3_K: a scale per 16 weights) take two half products (A [16, 16],
+ * B [16, 16]) per block and limb.
  *
  * Work: panels (16 output rows) over the kernels' threads; a thread unpacks its panel's blocks to B tiles
  * and float scales once, then for each 16-row activation tile runs the blocks in order, block b + 1's tile
@@ -268,14 +269,15 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
 }
 
 int amx_block_gemm(const rg_block_weight *w, const xblock *xq, int64_t M, int64_t K, int64_t N, float *y, int limbs,
-                  int nthreads) {
+                   int nthreads) {
     const int fmt = rg_block_format(w);
     if (limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || K % QK != 0 || M < 1 || !amx_ready()) return -1;
     const int64_t nb = K / QK, tiles = (M + MT - 1) / MT, panels = (N + NR - 1) / NR;
     const size_t per_thread = (size_t)nb * (B_BYTES + 2 * 4 * 16 * (size_t)FMT_HALVES(fmt)) + 6 * C_BYTES;
     uint8_t *atiles = (uint8_t *)rg_scratch(RG_SCRATCH_AMX_LIMBS,
                                             (size_t)(tiles * nb * RECORD_BYTES(limbs, FMT_HALVES(fmt))));
-    uint8_t *threads = (uint8_t *)rg_scratch(RG_SCRATCH_AMX_THREADS, per_thread * (size_t)(nthreads > 1 ? nthreads : 1));
+    const size_t team = (size_t)(nthreads > 1 ? nthreads : 1);
+    uint8_t *threads = (uint8_t *)rg_scratch(RG_SCRATCH_AMX_THREADS, per_thread * team);
     if (atiles == NULL || threads == NULL) return -1;
     int8_job job = {fmt, limbs, w, xq, atiles, threads, per_thread, M, nb, N, y};
     rg_parallel(M * K >= 65536 ? nthreads : 1, tiles, RG_STATIC, tile_rows, &job);
@@ -286,7 +288,7 @@ int amx_block_gemm(const rg_block_weight *w, const xblock *xq, int64_t M, int64_
 int amx_ready(void) { return 0; }
 
 int amx_block_gemm(const rg_block_weight *w, const xblock *xq, int64_t M, int64_t K, int64_t N, float *y, int limbs,
-                  int nthreads) {
+                   int nthreads) {
     (void)w, (void)xq, (void)M, (void)K, (void)N, (void)y, (void)limbs, (void)nthreads;
     return -1;
 }
