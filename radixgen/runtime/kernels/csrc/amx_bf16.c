@@ -37,16 +37,8 @@
 
 #define QK 32
 #define NR 16
-#define MT 16           /* activation rows per tile */
+#define MT AMX_TILE_ROWS
 #define CHUNK 128       /* activation rows whose limbs stay in cache while the weights pass */
-typedef struct {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 /* Tiles: results for 2 activation tiles x 2 weight panels, one limb of the 2 activation tiles, the
  * 2 weight panels. The tile intrinsics take literal tile numbers (they stringize their arguments),
  * so these are macros, passed through wrappers that expand them. */
@@ -64,7 +56,7 @@ typedef struct {
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
 
 static void configure_tiles(void) {
-    tile_config cfg;
+    rg_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 8; t++) {

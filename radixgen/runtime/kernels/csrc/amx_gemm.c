@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 #define NR 16          /* output rows per panel */
-#define MT 16          /* activation rows per tile */
+#define MT AMX_TILE_ROWS
 #define A_BYTES 512    /* one limb of 16 rows' block: 16 x 32 int8 */
 #define B_BYTES 512    /* a panel's block: 8 rows of 16 x 4 bytes */
 #define C_BYTES 1024   /* a result tile: 16 x 16 int32 */
@@ -69,14 +69,8 @@ int amx_ready(void) {
 #define T_A 6
 #define T_B 7
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static void configure_tiles(int halves) {
-    tile_config cfg;
+    rg_tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int t = 0; t < 6; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;

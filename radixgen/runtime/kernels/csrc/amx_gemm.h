@@ -5,6 +5,15 @@
 #include "activation_blocks.h"
 #include "radixgen_kernels.h"
 
+#define AMX_TILE_ROWS 16 /* activation rows per tile, in both AMX paths */
+
+/* The 64-byte operand of ldtilecfg (palette 1: per tile register its rows and bytes a row). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} rg_tile_config;
+
 /* 1 when this build has the AMX path and the OS lends this process the tile state, else 0. */
 int amx_ready(void);
 

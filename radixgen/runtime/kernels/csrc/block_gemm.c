@@ -50,7 +50,7 @@
 #define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
 #ifndef AMX_MIN_ROWS
-#define AMX_MIN_ROWS 16 /* rows from which the AMX path (amx_gemm.c) is faster (a tile's 16 rows) */
+#define AMX_MIN_ROWS AMX_TILE_ROWS /* rows from which the AMX paths are faster (a tile's rows) */
 #endif
 
 static const float LIMB_UNIT[LIMBS] = {1.0f, C1, C2};
@@ -634,6 +634,16 @@ static void panels_range(void *job, int64_t begin, int64_t end, int tid) {
 
 int64_t block_gemm_amx_rows(void) { return amx_ready() ? AMX_MIN_ROWS : 0; }
 
+enum { ON_VECTORS, ON_INT8_TILES, ON_BF16_TILES };
+
+/* Where M rows of format fmt in `limbs` limbs run: AMX int8 tiles (amx_gemm.c) from AMX_MIN_ROWS rows, but
+ * the fp16 formats in three limbs on bfloat16 tiles (amx_bf16.c, faster there) and the half-block formats in
+ * one limb on the vector path (two half-width tile products and stores a block: slower than vpdpbusd). */
+static int gemm_path(int fmt, int limbs, int64_t M) {
+    if (M < AMX_MIN_ROWS || (limbs == 1 && FMT_HALVES(fmt) == 2) || !amx_ready()) return ON_VECTORS;
+    return limbs == LIMBS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H) ? ON_BF16_TILES : ON_INT8_TILES;
+}
+
 /* x float [M, k], y float [M, n], contiguous; w's qs, scale, minv in the panel layout above for
  * ceil(n / 16) panels; `limbs` (1..3) activation limbs: 3 as float32 (decode), 2 to ~2^-16 of each block's
  * largest activation, 1 to 2^-8 (llama.cpp's Q8 activations), each fewer about halving the integer work.
@@ -647,18 +657,16 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
     if (k % QK != 0 || limbs < 1 || limbs > LIMBS || fmt == FMT_BAD || (FMT_MIN_BYTES(fmt) && w->minv == NULL) ||
         (FMT_SUPER(fmt) && k % 256 != 0))
         return -1;
-    /* (half-block formats in one limb: two half-width tile products and stores a block, slower than vpdpbusd) */
-    const int amx = M >= AMX_MIN_ROWS && !(limbs == 1 && FMT_HALVES(fmt) == 2) && amx_ready();
-    if (amx && limbs == LIMBS && (fmt == FMT_U4H || fmt == FMT_O4H || fmt == FMT_I8H))
-        return amx_bf16_gemm(w, x, M, k, n, y, nthreads);
+    const int path = gemm_path(fmt, limbs, M), int8_tiles = path == ON_INT8_TILES;
+    if (path == ON_BF16_TILES) return amx_bf16_gemm(w, x, M, k, n, y, nthreads);
     const int64_t nb = k / QK, panels = (n + NR - 1) / NR;
-    const int64_t tile = amx ? 16 : MR;  /* the AMX tiles' rows, or the vector path's */
-    const int64_t rows = limbs < LIMBS || amx ? (M + tile - 1) / tile * tile : M;  /* whole tiles: the rest zero */
+    const int64_t tile = int8_tiles ? AMX_TILE_ROWS : MR;  /* the AMX tiles' rows, or the vector path's */
+    const int64_t rows = limbs < LIMBS || int8_tiles ? (M + tile - 1) / tile * tile : M;  /* whole tiles: the rest zero */
     xblock *xq = (xblock *)rg_scratch(RG_SCRATCH_ACTIVATIONS, (size_t)(XBLOCK_BYTES(limbs) * rows * nb));
     if (xq == NULL) return -1;
     quantize_rows(x, M, k, limbs, fmt, xq, nthreads);
     memset((char *)xq + XBLOCK_BYTES(limbs) * M * nb, 0, (size_t)(XBLOCK_BYTES(limbs) * (rows - M) * nb));
-    if (amx) return amx_block_gemm(w, xq, M, k, n, y, limbs, nthreads);
+    if (int8_tiles) return amx_block_gemm(w, xq, M, k, n, y, limbs, nthreads);
     gemm_job job = {fmt, limbs, w, nb, xq, M, n, y};
     /* a panel over a whole tile of rows costs more than a claim: runs shrink to single panels at the end */
     rg_parallel(nthreads, panels, M >= MR ? RG_GUIDED : RG_STATIC, panels_range, &job);
