@@ -16,8 +16,10 @@ from radixgen.runtime.kernels.block_gemm import (
     SUPER_BLOCKS,
     WIDE_ROWS,
     BlockWeight,
+    bf16_tiles_available,
     block_dequant_rows,
     block_linear,
+    block_linear_bf16,
     block_over_dense_time,
     block_rows_limit,
     concat_rows,
@@ -108,6 +110,29 @@ def test_block_linear_rows_do_not_depend_on_batch_mates(qtype, limbs):
         y = block_linear(x[:m], w, limbs=limbs)
         assert torch.equal(y, wide[:m] if bf16_tiles and m >= amx_rows else alone[:m])
         assert ((y - alone[:m]).double().abs() <= reorder_bound[:m]).all()
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_bf16_tiles_sum_bfloat16_factors_in_float32(qtype):
+    """The wide steps' bfloat16 GEMM on AMX tiles: x and the weights (gguf's values) each rounded to bfloat16,
+    their products summed in float32, so within 2 k 2^-24 times the sum of the products' magnitudes of the
+    float64 GEMM of those factors; row counts around the 16-row tiles and the 256-row chunks, and panels
+    (16 weight rows, in pairs) with a partial last one and an odd count. Without the tiles: a clear error."""
+    for n in (37, 50):  # 3 panels (the third partial), 4 panels
+        k = width(qtype)
+        raw = random_gguf(qtype, n, k, seed=n)
+        w = pack_panels(from_gguf(raw, qtype))
+        factors = gguf_dense(raw, qtype, n, k).bfloat16().double()
+        for m in (1, 17, 40, 300):
+            x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+            if not bf16_tiles_available():
+                with pytest.raises(RuntimeError, match="no AMX"):
+                    block_linear_bf16(x, w)
+                return
+            xb = x.bfloat16().double()
+            ref, bound = xb @ factors.t(), 2 * k * 2.0**-24 * (xb.abs() @ factors.abs().t())
+            y = block_linear_bf16(x, w)
+            assert y.shape == (m, n) and ((y.double() - ref).abs() <= bound).all()
 
 
 def limb_error_bound(x: torch.Tensor, dense: torch.Tensor, limbs: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from radixgen.runtime.executor.memory_plan import available_memory, kv_bytes_per
 from radixgen.runtime.executor.step_plan import StepPlan, plan_step
 from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi, layer_ops
-from radixgen.runtime.kernels.block_gemm import block_rows_limit
+from radixgen.runtime.kernels.block_gemm import bf16_tiles_available, block_rows_limit
 from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention import get_attention_backend
 from radixgen.runtime.layers.linear import WIDE_LIMBS, WideMatmul, can_pack, can_use_blocks
@@ -37,15 +37,17 @@ KV_DTYPES = {**DTYPES, "int8": torch.int8}  # int8: rows with scales (radix_cach
 
 
 def wide_matmul(setting: str, attention_in_c: bool = True) -> WideMatmul:
-    """How wide steps run a GGUF model's matrices (`EngineConfig.wide_matmul_dtype`): auto is int16 (two
-    activation limbs in the block kernel) where the CPU has int8 dot products and long chunks attend in
-    C (`attention_in_c`), else bfloat16 where it has bf16 dot products, else float32. (Where their
-    attention runs in torch, its parallel ops and the kernels' threads contend for the cores: Gemma 3's
-    sliding-window layers, when they attended in torch, made a 1,024-token prefill 0.67x the bfloat16
-    path's.)"""
+    """How wide steps run a GGUF model's matrices (`EngineConfig.wide_matmul_dtype`): auto is bfloat16
+    where AMX bfloat16 tiles compute it in C (`block_linear_bf16`: no per-block epilogue, so several
+    times the integer tiles' rate at prompt widths), else int16 (two activation limbs in the block kernel)
+    where the CPU has int8 dot products and long chunks attend in C (`attention_in_c`), else bfloat16
+    where it has bf16 dot products, else float32. (Where their attention runs in torch, its parallel ops
+    and the kernels' threads contend for the cores: Gemma 3's sliding-window layers, when they attended
+    in torch, made a 1,024-token prefill 0.67x the bfloat16 path's.)"""
     if setting == "auto":
         flags = cpu_flags()
-        setting = ("int16" if attention_in_c and {"avx512_vnni", "avx_vnni", "asimddp"} & flags
+        setting = ("bfloat16" if bf16_tiles_available()
+                   else "int16" if attention_in_c and {"avx512_vnni", "avx_vnni", "asimddp"} & flags
                    else "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32")
     if setting in WIDE_LIMBS:
         return WideMatmul(torch.float32, WIDE_LIMBS[setting])
@@ -123,6 +125,7 @@ class ModelRunner:
         self.long_attention_in_c = bf16_attention and long_attention_c  # (soft-capped layers attend in torch)
         limit = long or (block_rows_limit() if has_blocks else None)  # (on AMX: long chunks' only)
         wide_text = (f"{8 * wide.limbs}-bit activations in the block kernel" if wide.limbs is not None
+                     else "bfloat16 AMX tiles" if wide.in_c
                      else f"{str(wide.dtype).removeprefix('torch.')} oneDNN, sliced")
         wide_rule = f"prompt chunks past {limit} tokens" if long else f"steps past {limit} rows"
         logger.info("paths: %s %s (KV %s) on %s, attention %s, C kernels %s, %d block-weight matrices%s, one-call C "

@@ -446,3 +446,30 @@ def block_linear(x: torch.Tensor, w: PanelWeight, lib: ctypes.CDLL | None = None
     if rc != 0:
         raise RuntimeError(f"block_gemm failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")
     return y
+
+
+@functools.cache
+def bf16_tiles_available() -> bool:
+    """Whether `block_linear_bf16` runs here (AMX bfloat16 tiles that the OS lends this process)."""
+    lib = library()
+    return lib is not None and lib.block_gemm_bf16_available() == 1
+
+
+def block_linear_bf16(x: torch.Tensor, w: PanelWeight) -> torch.Tensor:
+    """x [M, k] float32 (CPU) @ W^T -> [M, n] float32 with x and W each rounded to bfloat16 (W's values as
+    `block_dequant_rows` rounds them) and float32 sums, on AMX tiles that dequantize W a panel at a time:
+    the wide steps' bfloat16 GEMM where `bf16_tiles_available()`."""
+    n, k = w.shape
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32:
+        raise ValueError(f"block_linear_bf16: x must be float32 [M, {k}], got {x.dtype} {list(x.shape)}")
+    if not bf16_tiles_available():
+        raise RuntimeError("block_linear_bf16: this CPU has no AMX bfloat16 tiles (see bf16_tiles_available)")
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], n), dtype=torch.float32)
+    if x.shape[0] == 0:
+        return y
+    rc = library().block_gemm_bf16(ctypes.byref(w.struct), x.data_ptr(), x.shape[0], k, n, y.data_ptr(),
+                                   ffi.kernel_threads())
+    if rc != 0:
+        raise RuntimeError(f"block_gemm_bf16 failed for a [{n}, {k}] weight (k must be a multiple of {BLOCK})")
+    return y

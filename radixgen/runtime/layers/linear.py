@@ -11,9 +11,10 @@
   else up to `block_rows_limit()` rows; wider inputs (prefill) run GEMMs on slices of the weight
   dequantized for that call (`wide_linear`): in float32 for whole inputs past the limit. At a lower
   precision (`WideMatmul`, from `wide_matmul_dtype`) only the rows of the step's long extends (`wide`,
-  passed down by the model) take it: bfloat16 slices, or the block kernel itself with the activations
-  in fewer int8 limbs (int16: two, int8: one; each limb fewer about halves its integer work), while
-  decode rows and short prompts stay float32 in the block kernel whatever the batch.
+  passed down by the model) take it: bfloat16 (AMX tiles that dequantize the blocks a panel at a time,
+  else slices), or the block kernel itself with the activations in fewer int8 limbs (int16: two, int8:
+  one; each limb fewer about halves its integer work), while decode rows and short prompts stay float32
+  in the block kernel whatever the batch.
 - `ConcatLinear`: GGUF matrices fused by rows (q/k/v) that no one block format holds, side by side.
 - `StoredLinear`: an F16 / BF16 GGUF matrix kept in its 16-bit type, converted to float32 a slice at
   a time for each product (memory: the file's bytes).
@@ -33,7 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixgen.runtime.kernels import block_gemm
-from radixgen.runtime.kernels.block_gemm import PanelWeight, block_dequant_rows, block_linear, use_blocks
+from radixgen.runtime.kernels.block_gemm import (
+    PanelWeight,
+    bf16_tiles_available,
+    block_dequant_rows,
+    block_linear,
+    block_linear_bf16,
+    use_blocks,
+)
 
 
 class Linear(nn.Module):
@@ -93,6 +101,11 @@ class WideMatmul:
     def lower(self) -> bool:
         """Below float32's precision: for the rows of long extends only."""
         return self.limbs is not None or self.dtype != torch.float32
+
+    @property
+    def in_c(self) -> bool:
+        """Computed by the C kernels (the block kernel's limbs, or AMX bfloat16 tiles), no torch GEMM."""
+        return self.limbs is not None or (self.dtype == torch.bfloat16 and bf16_tiles_available())
 
 
 def long_extend_runs(extend_lens: list[int], min_len: int) -> Runs:
@@ -204,6 +217,8 @@ class BlockLinear(Linear):
     def _wide(self, x: torch.Tensor) -> torch.Tensor:
         if self.wide_matmul.limbs is not None:
             y = block_linear(x, self.panels, limbs=self.wide_matmul.limbs)
+        elif self.wide_matmul.in_c:
+            y = block_linear_bf16(x, self.panels)
         else:
             rows = lambda start, end, buf: block_dequant_rows(self.panels, torch.arange(start, end), buf.dtype, out=buf)
             y = wide_linear(x, rows, self.out_features, self.wide_matmul.dtype)

@@ -251,7 +251,7 @@ class LlamaModel(nn.Module):
         if isinstance(self.lm_head, BlockLinear) and self.lm_head.long_extends_only:
             self.lm_head.wide_matmul = None  # the head's rows are logits rows, no long extend's: the block kernel's
         if any(isinstance(m, BlockLinear) and m.long_extends_only for m in self.modules()):
-            self.long_extend_min, self.wide_in_c = limit, wide.limbs is not None
+            self.long_extend_min, self.wide_in_c = limit, wide.in_c
 
     def _use_triton_rope(self) -> None:
         """With the Triton attention backend: each layer's rotary and K/V store in one Triton launch

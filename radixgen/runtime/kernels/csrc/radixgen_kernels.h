@@ -101,6 +101,12 @@ int block_gemm_limbs(const rg_block_weight *w, const float *x, int64_t M, int64_
 int block_dequant_rows(const rg_block_weight *w, int64_t n, int64_t k, const int64_t *rows, int64_t n_rows, void *out,
                        int out_dtype, int nthreads);
 
+/* y [M, n] = x [M, k] @ W^T with x and W each rounded to bfloat16 (W's values as block_dequant_rows rounds
+ * them) and float32 sums, on AMX bfloat16 tiles (amx_bf16_wide.c): the wide steps' bfloat16 GEMM. 0, or -1
+ * (no AMX, a bad format or k, memory). block_gemm_bf16_available: 1 where it runs. */
+int block_gemm_bf16(const rg_block_weight *w, const float *x, int64_t M, int64_t k, int64_t n, float *y, int nthreads);
+int block_gemm_bf16_available(void);
+
 /* The row count from which block_gemm runs on AMX tiles; 0 when it never does (no AMX, or refused). */
 int64_t block_gemm_amx_rows(void);
 
