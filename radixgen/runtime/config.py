@@ -67,14 +67,17 @@ class EngineConfig:
     model on CPU.
     int16 / int8: the chunk's activations in two int8 limbs (16 bits per 32-value block) or one (8 bits,
     as llama.cpp's Q8 activations) in the block kernel's integer dot products, on the weights' own
-    blocks; bfloat16: oneDNN GEMMs on bfloat16 slices of the weights. auto picks int16 where the CPU has
-    int8 dot products (AVX512-VNNI, AVX-VNNI, Arm's dotprod) and those chunks attend in the C kernel
-    (AVX512-BF16, no sliding-window layers), else bfloat16 where the CPU has bf16 dot products, else
-    float32. With AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel: prefill of 7,000
-    tokens ~1.5x faster). On SmolLM2 Q4_1 those tokens' logits move from float32's by up to ~0.3
-    (int16), ~0.5-0.8 (bfloat16; HF's own bfloat16 model: ~1.0-1.4) or ~3 (int8), so greedy outputs can
-    change; decode rows and shorter chunks stay float32, whatever the batch. float32 sends whole steps
-    past the limit to float32 GEMMs."""
+    blocks; bfloat16: activations and weights rounded to bfloat16, float32 sums (on AMX tiles that read
+    the weights' blocks, else oneDNN GEMMs on bfloat16 slices of the weights). auto picks bfloat16 where
+    AMX tiles run it (Intel Xeon since Sapphire Rapids: several times int16's speed there), else int16
+    where the CPU has int8 dot products (AVX512-VNNI, AVX-VNNI, Arm's dotprod) and those chunks attend in
+    the C kernel (AVX512-BF16, no sliding-window layers), else bfloat16 where the CPU has bf16 dot
+    products, else float32. With AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel:
+    prefill of 7,000 tokens ~1.5x faster). On SmolLM2 Q4_1 those tokens' logits move from float32's by
+    up to ~0.2-0.3 (int16), ~0.4 (bfloat16 on AMX tiles; ~0.5-0.8 on slices, whose GEMM outputs round
+    to bfloat16; HF's own bfloat16 model: ~1.0-1.4) or ~3 (int8), so greedy outputs can change; decode
+    rows and shorter chunks stay float32, whatever the batch. float32 sends whole steps past the limit to
+    float32 GEMMs."""
     speculative_algorithm: Literal["none", "ngram"] = "none"
     """Speculative decoding: ngram proposes drafts by prompt lookup (the request's own prompt and
     output) and verifies them in the same forward as the step's other rows; outputs are exactly

@@ -1,6 +1,6 @@
-"""`wide_matmul_dtype`: long prompt chunks of the float32 GGUF model through bfloat16 oneDNN GEMMs on
-slices of its matrices, or through the block kernel with their activations in two int8 limbs (int16) or
-one (int8), every other row through the float32 block kernel.
+"""`wide_matmul_dtype`: long prompt chunks of the float32 GGUF model through bfloat16 GEMMs (AMX tiles
+reading the blocks, else oneDNN on slices of its matrices), or through the block kernel with their
+activations in two int8 limbs (int16) or one (int8), every other row through the float32 block kernel.
 
 Oracles: HF transformers on the same GGUF (float32 logits within the tolerance EngineConfig states,
 and no further on average than HF's own bfloat16 model), and the same requests run alone (a short
@@ -18,6 +18,7 @@ from radixgen.runtime.executor.forward_batch import make_forward_batch
 from radixgen.runtime.executor.model_runner import ModelRunner, wide_matmul
 from radixgen.runtime.kernels import extend_attention as c_extend
 from radixgen.runtime.kernels import ffi
+from radixgen.runtime.kernels.block_gemm import bf16_tiles_available
 from radixgen.runtime.kernels.build import cpu_flags
 from radixgen.runtime.layers.attention.torch_backend import ExtendCall, SdpaCall
 from radixgen.runtime.layers.linear import WideMatmul, long_extend_runs, runs_among
@@ -93,14 +94,17 @@ def test_fewer_limbs_trade_precision_for_speed_in_order(smollm2_path, hf_smollm2
     assert mean["int16"] < mean["bfloat16"] < mean["int8"], mean
 
 
-def test_auto_takes_int16_where_the_cpu_has_int8_dot_products():
+def test_auto_takes_bf16_tiles_else_int16_where_the_cpu_has_int8_dot_products():
     flags = cpu_flags()
     auto = wide_matmul("auto")
-    if {"avx512_vnni", "avx_vnni", "asimddp"} & flags:
-        assert auto == WideMatmul(torch.float32, 2)
+    if bf16_tiles_available():
+        assert auto == WideMatmul(torch.bfloat16) and auto.in_c and wide_matmul("auto", attention_in_c=False) == auto
+    elif {"avx512_vnni", "avx_vnni", "asimddp"} & flags:
+        assert auto == WideMatmul(torch.float32, 2) and auto.in_c
     else:
         assert auto.limbs is None
     assert wide_matmul("auto", attention_in_c=False).limbs is None  # torch attention: its threads and ours contend
+    assert wide_matmul("bfloat16").in_c == bf16_tiles_available()
     assert wide_matmul("int8") == WideMatmul(torch.float32, 1) and wide_matmul("int8").lower
     assert not wide_matmul("float32").lower
 
