@@ -5,19 +5,19 @@ llama.cpp runs as its own `llama-bench` (pp256 and tg128, best settings of its b
 from the llama.cpp that the llama-cpp-python source distribution vendors (on CPUs where its AMX path
 dies with SIGILL, with -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF); give its path with
 --llama-bench or LLAMA_BENCH. Ours: an Engine on the file (radix cache off), prefill = 256 prompt tokens
-and one output token, decode = 128 greedy tokens after a 16-token prompt (its prefill included). The sides
+and one output token (the mean rate of 3, as llama-bench's of its 3 repetitions), decode = 128 greedy
+tokens after a 16-token prompt (its prefill included). The sides
 alternate for --rounds rounds (a shared VM drifts by 20-30% over minutes); ratios use the means.
 benchmarks/synth_gguf.py writes the synthetic 1B / 3B / 8B files this is meant for.
 
 Beside each ratio, the most this machine allows ours (measured in the same run): decode reads every
 weight once a token, so it is at most one token per pass of one row through the engine's own block
 matrices (timed in the engine: `matrices_b1`); prefill multiplies 2 x params flops a token, at most at
-the rate of a large bfloat16 GEMM (oneDNN, the wide steps' GEMMs with --wide-matmul-dtype bfloat16). The
-int16 and int8 settings (auto is int16 where the CPU has int8 dot products) run on those dot products
-instead, whose peak this does not measure, so for them the printed prefill ceiling is the bfloat16
-path's bound, not theirs (Zen 4's int8 block GEMMs multiply faster than its bfloat16 GEMM). The memory
-read bandwidth (a torch sum of 1 GiB) is printed for
-reference.
+the rate of a large bfloat16 GEMM (oneDNN; the wide steps' GEMMs with --wide-matmul-dtype bfloat16 where
+the CPU has no AMX). The int16 and int8 settings (auto is int16 where the CPU has int8 dot products and no
+AMX) run on those dot products instead, whose peak this does not measure, so for them the printed
+prefill ceiling is the bfloat16 path's bound, not theirs (Zen 4's int8 block GEMMs multiply faster than
+its bfloat16 GEMM). The memory read bandwidth (a torch sum of 1 GiB) is printed for reference.
 
     python benchmarks/bench_gguf.py /tmp/synth-1b-q4_k_m.gguf ... [--rounds 2] [--llama-bench PATH]
 """
@@ -37,6 +37,9 @@ from pathlib import Path
 BARS = {"decode_b1": 1.2, "prefill_256": 3.0}
 
 
+PREFILL_REPS = 3  # timed 256-token prefills a round, as many as llama-bench's -r 3 below
+
+
 def ours(path: str, new_tokens: int, wide: str = "auto") -> dict:
     """Prefill-256 and batch-1 decode tokens/s of an Engine on `path` with `wide_matmul_dtype=wide`
     (torch imported here)."""
@@ -48,9 +51,12 @@ def ours(path: str, new_tokens: int, wide: str = "auto") -> dict:
         vocab = eng.model_config.vocab_size
         ids = [(i * 7919 + 13) % (vocab - 10) + 5 for i in range(256)]
         eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})  # warm-up
-        t = time.perf_counter()
-        eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
-        prefill = 256 / (time.perf_counter() - t)
+        rates = []
+        for _ in range(PREFILL_REPS):  # as llama-bench's avg_ts: the mean of its repetitions' rates
+            t = time.perf_counter()
+            eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+            rates.append(256 / (time.perf_counter() - t))
+        prefill = statistics.mean(rates)
         greedy = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
         eng.generate(input_ids=ids[:16], sampling_params={**greedy, "max_new_tokens": 8})  # warm-up
         t = time.perf_counter()
