@@ -12,6 +12,9 @@
  * a lane per dimension). Then each work item (QT positions x the G query heads of one KV head) runs
  * flash attention over blocks of KB keys up to its causal limit: scores for 4 rows x 64 keys in
  * registers, the online softmax, and the weighted values for 4 rows x 64 dimensions in registers.
+ * On AMX (head sizes a multiple of 32) the two products run on bfloat16 tiles instead, 16 rows at a time:
+ * the packed K and V are already the tiles' B operands, the scores and the output pass through memory
+ * (the softmax between them stays in AVX-512). Same roundings, float32 sums in another order.
  * A request's result depends on its own lengths alone, not on its batch-mates or the thread count.
  *
  * Sliding-window layers (window > 0) see only the `window` latest keys up to each query: a request's
@@ -21,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "amx_gemm.h"
 #include "radixgen_kernels.h"
 #include "scratch.h"
 #include "simd_math.h"
@@ -32,6 +36,7 @@
 #define RB 4     /* query rows per register block */
 #define MAX_D 256
 #define MAX_G 16
+#define TR 16    /* query rows per AMX tile */
 
 typedef struct {
     const float *q;  /* [T, H, D]: the requests' rows in order, rows q_stride floats apart */
@@ -45,6 +50,7 @@ typedef struct {
     const int64_t *pack_first; /* [B] each request's first packed word */
     const int64_t *key_base;   /* [B] each request's first packed key (a multiple of KB) */
     const int64_t *item_first; /* [B + 1] each request's first work item (of the running phase) */
+    int amx;                   /* products on AMX bfloat16 tiles (else vdpbf16ps) */
     uint32_t *pack;
     float *out; /* [T, H, D] */
 } extend_job;
@@ -152,21 +158,92 @@ static void block_values(const uint32_t *pw, int64_t R4, const uint32_t *vp, int
     }
 }
 
+#ifdef RG_AMX
+/* The same two products on AMX bfloat16 tiles (TDPBF16PS: C[16, 16] += A[16, 32 bfloat16] B[16 pairs, 16]),
+ * every tile 16 rows of 64 bytes. The packed K and V are B tiles as they lie: a K block's 16 dimension
+ * pairs of 16 keys, a V block's 16 key pairs of 16 dimensions (rows DB * 64 bytes apart). Tile numbers are
+ * literals: results 0-3, A 4-5, B 6-7. */
+static void configure_tiles(void) {
+    rg_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* sc[r][0 .. KB) = scores of rows r < R16 (a multiple of TR): per row tile, 4 result tiles of 16 keys over
+ * D / 32 steps (the q tile loaded once a step). */
+static void block_scores_amx(const uint32_t *qp, int64_t R16, const uint32_t *kp, int64_t DP, float *sc) {
+    for (int64_t r0 = 0; r0 < R16; r0 += TR) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t p = 0; p < DP; p += 16) {
+            _tile_loadd(4, qp + r0 * DP + p, DP * 4);
+            _tile_loadd(6, kp + (0 * DP + p) * 16, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, kp + (1 * DP + p) * 16, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(6, kp + (2 * DP + p) * 16, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_loadd(7, kp + (3 * DP + p) * 16, 64);
+            _tile_dpbf16ps(3, 4, 7);
+        }
+        _tile_stored(0, sc + r0 * KB + 0, KB * 4);
+        _tile_stored(1, sc + r0 * KB + 16, KB * 4);
+        _tile_stored(2, sc + r0 * KB + 32, KB * 4);
+        _tile_stored(3, sc + r0 * KB + 48, KB * 4);
+    }
+}
+
+/* o[r] += pw[r] x V over one block of KB keys, rows r < R16: per row tile the weights of keys 0-31 and 32-63
+ * as two A tiles, then 2 result tiles of 16 dimensions at a time (loaded from o, 2 products each, stored). */
+static void block_values_amx(const uint16_t *pw, int64_t R16, const uint32_t *vp, int64_t DB, int64_t D, float *o) {
+    const int64_t vrow = DB * 64;  /* bytes from one key pair's row of a V tile to the next */
+    const uint32_t *v_hi = vp + 16 * DB * 16;  /* key pairs 16 .. 31 */
+    for (int64_t r0 = 0; r0 < R16; r0 += TR) {
+        float *orow = o + r0 * D;
+        _tile_loadd(4, pw + r0 * KB, KB * 2);
+        _tile_loadd(5, pw + r0 * KB + 32, KB * 2);
+        for (int64_t e = 0; e < DB; e += 2) {
+            _tile_loadd(0, orow + e * 16, D * 4);
+            _tile_loadd(1, orow + e * 16 + 16, D * 4);
+            _tile_loadd(6, vp + e * 16, vrow);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, vp + (e + 1) * 16, vrow);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(6, v_hi + e * 16, vrow);
+            _tile_dpbf16ps(0, 5, 6);
+            _tile_loadd(7, v_hi + (e + 1) * 16, vrow);
+            _tile_dpbf16ps(1, 5, 7);
+            _tile_stored(0, orow + e * 16, D * 4);
+            _tile_stored(1, orow + e * 16 + 16, D * 4);
+        }
+    }
+}
+#endif
+
 /* Attend items (request, tile of QT positions, KV head), the last tiles (the most keys) first. */
 static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
     const extend_job *j = (const extend_job *)job;
     const int64_t H = j->H, Hkv = j->Hkv, D = j->D, G = H / Hkv, DP = D / 2, DB = D / 16;
-    const int64_t rows_max = (QT * G + RB - 1) / RB * RB;
-    uint32_t qp[rows_max * DP];                            /* [rows, D/2] bfloat16 pairs of q * scale */
-    float o[rows_max * D], sc[rows_max * KB], m[rows_max], l[rows_max];  /* output, scores, max, sum */
-    uint16_t pw[rows_max * KB];                            /* [rows, KB] bfloat16 softmax weights */
+    const int64_t rows_max = (QT * G + TR - 1) / TR * TR, pad = j->amx ? TR : RB;  /* rows: a multiple of pad */
+    uint32_t qp[rows_max * DP] __attribute__((aligned(64)));  /* [rows, D/2] bfloat16 pairs of q * scale */
+    float o[rows_max * D] __attribute__((aligned(64)));       /* [rows, D] output */
+    float sc[rows_max * KB] __attribute__((aligned(64)));     /* [rows, KB] scores */
+    float m[rows_max], l[rows_max];                           /* softmax max and sum */
+    uint16_t pw[rows_max * KB] __attribute__((aligned(64)));  /* [rows, KB] bfloat16 softmax weights */
     (void)tid;
+#ifdef RG_AMX
+    if (j->amx) configure_tiles();
+#endif
     for (int64_t item = begin; item < end; item++) {
         const int64_t b = request_of(j, item), local = item - j->item_first[b];
         const int64_t P = j->prefix_lens[b], E = j->extend_lens[b], W = j->window, base = j->key_base[b];
         const int64_t blocks = padded_keys(P + E - base) / 16;
         const int64_t tiles = (E + QT - 1) / QT, tile = tiles - 1 - local / Hkv, hkv = local % Hkv;
-        const int64_t t0 = tile * QT, nt = E - t0 < QT ? E - t0 : QT, R = nt * G, R4 = (R + RB - 1) / RB * RB;
+        const int64_t t0 = tile * QT, nt = E - t0 < QT ? E - t0 : QT, R = nt * G, R4 = (R + pad - 1) / pad * pad;
         const uint32_t *kpack = j->pack + j->pack_first[b] + hkv * blocks * DP * 16;
         const uint32_t *vpack = j->pack + j->pack_first[b] + (Hkv + hkv) * blocks * DP * 16;
         for (int64_t r = 0; r < R4; r++) {  /* row r: position t0 + r / G, head hkv * G + r % G */
@@ -185,7 +262,12 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
         const int64_t kend = P + t0 + nt;  /* keys this tile's last position sees */
         const int64_t kfirst = first_key(P + t0 + nt - 1, W);  /* the first key this tile's last position sees */
         for (int64_t j0 = first_key(P + t0, W) / KB * KB; j0 < kend; j0 += KB) {
-            block_scores(qp, R4, kpack + (j0 - base) * DP, DP, sc);
+#ifdef RG_AMX
+            if (j->amx)
+                block_scores_amx(qp, R4, kpack + (j0 - base) * DP, DP, sc);
+            else
+#endif
+                block_scores(qp, R4, kpack + (j0 - base) * DP, DP, sc);
             /* key j0 + k is visible to the row at position p iff first_key(p) <= j0 + k <= p */
             if (j0 + KB - 1 > P + t0 || j0 < kfirst)
                 for (int64_t r = 0; r < R4; r++) {
@@ -218,7 +300,12 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
                         _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(a, _mm512_loadu_ps(o + r * D + d)));
                 }
             }
-            block_values((const uint32_t *)pw, R4, vpack + (j0 - base) * DP, DB, D, o);
+#ifdef RG_AMX
+            if (j->amx)
+                block_values_amx(pw, R4, vpack + (j0 - base) * DP, DB, D, o);
+            else
+#endif
+                block_values((const uint32_t *)pw, R4, vpack + (j0 - base) * DP, DB, D, o);
         }
         for (int64_t r = 0; r < R; r++) {
             float *dst = j->out + ((j->q_first[b] + t0 + r / G) * H + hkv * G + r % G) * D;
@@ -226,6 +313,9 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
             for (int64_t d = 0; d < D; d++) dst[d] = o[r * D + d] * inv;
         }
     }
+#ifdef RG_AMX
+    if (j->amx) _tile_release();
+#endif
 }
 
 int extend_attention_bf16_available(void) { return 1; }
@@ -263,8 +353,9 @@ int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, c
     }
     pack_items_first[B] = pack_items_n;
     attend_first[B] = attend_items_n;
+    const int amx = D % 32 == 0 && amx_ready();  /* whole tiles of 32 dimensions */
     extend_job job = {q, q_stride, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
-                      window, scale, q_first, pack_first, key_base, pack_items_first, (uint32_t *)(mem + map_bytes),
+                      window, scale, q_first, pack_first, key_base, pack_items_first, amx, (uint32_t *)(mem + map_bytes),
                       out};
     rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
     job.item_first = attend_first;
