@@ -354,9 +354,9 @@ int extend_attention_bf16(const float *q, int64_t q_stride, const void *k_buf, c
     pack_items_first[B] = pack_items_n;
     attend_first[B] = attend_items_n;
     const int amx = D % 32 == 0 && amx_ready();  /* whole tiles of 32 dimensions */
-    extend_job job = {q, q_stride, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride, B, H, Hkv, D,
-                      window, scale, q_first, pack_first, key_base, pack_items_first, amx, (uint32_t *)(mem + map_bytes),
-                      out};
+    extend_job job = {q, q_stride, k_buf, v_buf, kv, req_to_token, rows, prefix_lens, extend_lens, table_stride,
+                      B, H, Hkv, D, window, scale, q_first, pack_first, key_base, pack_items_first, amx,
+                      (uint32_t *)(mem + map_bytes), out};
     rg_parallel(nthreads, pack_items_n, RG_STATIC, pack_items, &job);
     job.item_first = attend_first;
     rg_parallel(nthreads, attend_items_n, RG_DYNAMIC, attend_items, &job);
