@@ -116,11 +116,11 @@ def test_block_linear_rows_do_not_depend_on_batch_mates(qtype, limbs):
 def test_bf16_tiles_sum_bfloat16_factors_in_float32(qtype):
     """The wide steps' bfloat16 GEMM on AMX tiles: x and the weights (gguf's values) each rounded to bfloat16,
     their products summed in float32, so within 2 k 2^-24 times the sum of the products' magnitudes of the
-    float64 GEMM of those factors; row counts around the 16-row tiles and the 256-row chunks, and panels
-    (16 weight rows, in pairs) with a partial last one and an odd count. Without the tiles: a clear error."""
-    for n in (37, 50):  # 3 panels (the third partial), 4 panels
-        k = width(qtype)
-        raw = random_gguf(qtype, n, k, seed=n)
+    float64 GEMM of those factors; row counts around the 16-row tiles and the 256-row chunks, panels (16
+    weight rows, in pairs) with a partial last one and an odd count, and a K that 256 rows take in two
+    passes (1,024 + 256). Without the tiles: a clear error."""
+    for n, k in ((37, width(qtype)), (50, width(qtype)), (37, 1280)):  # 3 panels (the third partial), 4 panels
+        raw = random_gguf(qtype, n, k, seed=n + k)
         w = pack_panels(from_gguf(raw, qtype))
         factors = gguf_dense(raw, qtype, n, k).bfloat16().double()
         for m in (1, 17, 40, 300):

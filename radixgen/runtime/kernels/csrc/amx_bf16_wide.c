@@ -8,10 +8,11 @@
  * epilogue, which bounds the integer tiles (amx_gemm.c) at many rows. The price is the bfloat16 rounding of
  * both factors, which the integer paths do not have.
  *
- * Work: M in chunks of CHUNK rows, whose bfloat16 A tiles stay in L2; in a chunk, pairs of 16-row weight
- * panels over the kernels' threads. A thread dequantizes its pair straight into B tiles (no row-major
- * copy), then for each pair of activation tiles runs 2 x 2 result tiles over K (per 32 k: 4 tile loads,
- * 4 products) and stores them into y.
+ * Work: M in chunks of CHUNK rows; in a chunk, pairs of 16-row weight panels over the kernels' threads, and
+ * K in passes whose A tiles (PASS_BYTES) stay in L2 while a thread's pairs pass. Per pass, a thread
+ * dequantizes each pair's blocks straight into B tiles (no row-major copy), then for each pair of
+ * activation tiles runs 2 x 2 result tiles over the pass (per 32 k: 4 tile loads, 4 products) and stores
+ * them into y (later passes load them back first).
  */
 #include <stdint.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 #define NR 16
 #define MT AMX_TILE_ROWS
 #define CHUNK 256      /* activation rows a weight pair's B tiles serve before the next chunk */
+#define PASS_BYTES (512 << 10) /* a chunk's A tiles of one pass over K (L2 holds them while the pairs pass) */
 #define TILE_ELEMS 512 /* bfloat16 values of one A or B tile: 16 rows of 64 bytes */
 /* Tiles: results for 2 activation tiles x 2 weight panels, the 2 activation tiles, the 2 panels' tiles.
  * The tile intrinsics take literal tile numbers. */
@@ -102,12 +104,13 @@ static inline __attribute__((always_inline)) void weight_tile(const int fmt, con
     }
 }
 
-/* Panel p's blocks as B tiles [nb][16][16][2]. */
-static void weight_tiles(int fmt, const rg_block_weight *w, int64_t nb, int64_t p, uint16_t *out) {
+/* Blocks b0 .. b0 + n - 1 of panel p as B tiles [n][16][16][2]. */
+static void weight_tiles(int fmt, const rg_block_weight *w, int64_t nb, int64_t p, int64_t b0, int64_t n,
+                         uint16_t *out) {
     const rg_panel v = rg_panel_of(fmt, w, nb, p);
 #define FOR_FORMAT(F) \
     case F:           \
-        for (int64_t b = 0; b < nb; b++) weight_tile(F, &v, b, out + b * TILE_ELEMS); \
+        for (int64_t b = 0; b < n; b++) weight_tile(F, &v, b0 + b, out + b * TILE_ELEMS); \
         return;
     switch (fmt) {
         FOR_FORMAT(FMT_U4H) FOR_FORMAT(FMT_I8H) FOR_FORMAT(FMT_U4F) FOR_FORMAT(FMT_U8F) FOR_FORMAT(FMT_U8F2)
@@ -122,10 +125,32 @@ typedef struct {
     const rg_block_weight *w;
     const uint16_t *atiles; /* the chunk's A tiles */
     int64_t rows, nb, N, panels;
-    uint8_t *scratch;       /* per thread: B tiles of a pair, then 4 result tiles */
+    int64_t kc;             /* blocks of K a pass takes (their A tiles stay in L2 while the pairs pass) */
+    uint8_t *scratch;       /* per thread: B tiles of a pair's kc blocks, then a result tile */
     size_t per_thread;
     float *y;               /* the chunk's first row */
 } pairs_job;
+
+/* Result tile `tile` (activation tile t by panel p) from y, the sums of the earlier passes over K: where
+ * whole straight from y, else through cbuf (the lanes outside y left as they are: a result lane depends on
+ * its own row and column alone, and those are never stored). */
+static void load_tile(const pairs_job *j, int tile, int64_t t, int64_t p, float *cbuf) {
+    const int64_t row = t * MT, col = p * NR;
+    const int64_t nrows = j->rows - row < MT ? j->rows - row : MT, ncols = j->N - col < NR ? j->N - col : NR;
+    const float *src = j->y + row * j->N + col;
+    int64_t stride = j->N * 4;
+    if (nrows < MT || ncols < NR) {
+        for (int64_t r = 0; r < nrows; r++) memcpy(cbuf + r * NR, src + r * j->N, sizeof(float) * (size_t)ncols);
+        src = cbuf;
+        stride = 64;
+    }
+    switch (tile) {
+        case C00: _tile_loadd(C00, src, stride); return;
+        case C01: _tile_loadd(C01, src, stride); return;
+        case C10: _tile_loadd(C10, src, stride); return;
+        default: _tile_loadd(C11, src, stride); return;
+    }
+}
 
 /* Result tile `tile`, activation tile t by panel p: into y where whole, else through cbuf. */
 static void store_tile(const pairs_job *j, int tile, int64_t t, int64_t p, float *cbuf) {
@@ -149,40 +174,55 @@ static void store_tile(const pairs_job *j, int tile, int64_t t, int64_t p, float
         memcpy(j->y + (row + r) * j->N + col, cbuf + r * NR, sizeof(float) * (size_t)ncols);
 }
 
+/* The thread's pairs of panels, K a pass of kc blocks at a time: per pass and pair, the pair's blocks
+ * to B tiles, then 2 x 2 result tiles (zeroed on the first pass, else loaded from y) per pair of
+ * activation tiles over the pass's blocks, stored into y. */
 static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
     const pairs_job *j = (const pairs_job *)job;
-    const int64_t nb = j->nb, tiles = (j->rows + MT - 1) / MT;
-    uint16_t *btiles = (uint16_t *)(j->scratch + j->per_thread * (size_t)tid);
-    float *cbuf = (float *)(btiles + 2 * nb * TILE_ELEMS);
+    const int64_t nb = j->nb, kc = j->kc, tiles = (j->rows + MT - 1) / MT;
+    uint16_t *btiles = (uint16_t *)(j->scratch + j->per_thread * (size_t)tid), *b1tiles = btiles + kc * TILE_ELEMS;
+    float *cbuf = (float *)(btiles + 2 * kc * TILE_ELEMS);
     configure_tiles();
-    for (int64_t pair = begin; pair < end; pair++) {
-        const int64_t p0 = 2 * pair, two_panels = p0 + 1 < j->panels;
-        weight_tiles(j->fmt, j->w, nb, p0, btiles);
-        weight_tiles(j->fmt, j->w, nb, two_panels ? p0 + 1 : p0, btiles + nb * TILE_ELEMS);
-        for (int64_t t = 0; t < tiles; t += 2) {
-            const int two = t + 1 < tiles;
-            const uint16_t *a0 = j->atiles + t * nb * TILE_ELEMS, *a1 = a0 + nb * TILE_ELEMS;
-            _tile_zero(C00);
-            _tile_zero(C01);
-            _tile_zero(C10);
-            _tile_zero(C11);
-            for (int64_t b = 0; b < nb; b++) {
-                _tile_loadd(B0, btiles + b * TILE_ELEMS, 64);
-                _tile_loadd(B1, btiles + (nb + b) * TILE_ELEMS, 64);
-                _tile_loadd(A0, a0 + b * TILE_ELEMS, 64);
-                _tile_dpbf16ps(C00, A0, B0);
-                _tile_dpbf16ps(C01, A0, B1);
-                if (two) {
-                    _tile_loadd(A1, a1 + b * TILE_ELEMS, 64);
-                    _tile_dpbf16ps(C10, A1, B0);
-                    _tile_dpbf16ps(C11, A1, B1);
+    for (int64_t k0 = 0; k0 < nb; k0 += kc) {
+        const int64_t kn = nb - k0 < kc ? nb - k0 : kc;
+        for (int64_t pair = begin; pair < end; pair++) {
+            const int64_t p0 = 2 * pair, two_panels = p0 + 1 < j->panels;
+            weight_tiles(j->fmt, j->w, nb, p0, k0, kn, btiles);
+            weight_tiles(j->fmt, j->w, nb, two_panels ? p0 + 1 : p0, k0, kn, b1tiles);
+            for (int64_t t = 0; t < tiles; t += 2) {
+                const int two = t + 1 < tiles;
+                const uint16_t *a0 = j->atiles + (t * nb + k0) * TILE_ELEMS, *a1 = a0 + nb * TILE_ELEMS;
+                if (k0 == 0) {
+                    _tile_zero(C00);
+                    _tile_zero(C01);
+                    _tile_zero(C10);
+                    _tile_zero(C11);
+                } else {
+                    load_tile(j, C00, t, p0, cbuf);
+                    if (two_panels) load_tile(j, C01, t, p0 + 1, cbuf);
+                    if (two) {
+                        load_tile(j, C10, t + 1, p0, cbuf);
+                        if (two_panels) load_tile(j, C11, t + 1, p0 + 1, cbuf);
+                    }
                 }
-            }
-            store_tile(j, C00, t, p0, cbuf);
-            if (two_panels) store_tile(j, C01, t, p0 + 1, cbuf);
-            if (two) {
-                store_tile(j, C10, t + 1, p0, cbuf);
-                if (two_panels) store_tile(j, C11, t + 1, p0 + 1, cbuf);
+                for (int64_t b = 0; b < kn; b++) {
+                    _tile_loadd(B0, btiles + b * TILE_ELEMS, 64);
+                    _tile_loadd(B1, b1tiles + b * TILE_ELEMS, 64);
+                    _tile_loadd(A0, a0 + b * TILE_ELEMS, 64);
+                    _tile_dpbf16ps(C00, A0, B0);
+                    _tile_dpbf16ps(C01, A0, B1);
+                    if (two) {
+                        _tile_loadd(A1, a1 + b * TILE_ELEMS, 64);
+                        _tile_dpbf16ps(C10, A1, B0);
+                        _tile_dpbf16ps(C11, A1, B1);
+                    }
+                }
+                store_tile(j, C00, t, p0, cbuf);
+                if (two_panels) store_tile(j, C01, t, p0 + 1, cbuf);
+                if (two) {
+                    store_tile(j, C10, t + 1, p0, cbuf);
+                    if (two_panels) store_tile(j, C11, t + 1, p0 + 1, cbuf);
+                }
             }
         }
     }
@@ -197,7 +237,8 @@ int block_gemm_bf16(const rg_block_weight *w, const float *x, int64_t M, int64_t
     const int64_t nb = K / QK, panels = (N + NR - 1) / NR, pairs = (panels + 1) / 2;
     const int64_t chunk = M < CHUNK ? M : CHUNK, chunk_pad = (chunk + MT - 1) / MT * MT;
     uint16_t *atiles = (uint16_t *)rg_scratch(RG_SCRATCH_AMX_LIMBS, (size_t)(chunk_pad * K) * 2);
-    const size_t per_thread = (size_t)(2 * nb * TILE_ELEMS) * 2 + MT * NR * 4;
+    const int64_t kc_fit = PASS_BYTES / (chunk_pad * QK * 2), kc = kc_fit < 1 ? 1 : kc_fit < nb ? kc_fit : nb;
+    const size_t per_thread = (size_t)(2 * kc * TILE_ELEMS) * 2 + MT * NR * 4;
     const size_t team = (size_t)(nthreads > 1 ? nthreads : 1);
     uint8_t *scratch = (uint8_t *)rg_scratch(RG_SCRATCH_AMX_THREADS, per_thread * team);
     if (atiles == NULL || scratch == NULL) return -1;
@@ -205,7 +246,7 @@ int block_gemm_bf16(const rg_block_weight *w, const float *x, int64_t M, int64_t
         const int64_t rows = M - i0 < CHUNK ? M - i0 : CHUNK, rows_pad = (rows + MT - 1) / MT * MT;
         round_job rj = {x + i0 * K, rows, K, atiles};
         rg_parallel(rows * K >= 65536 ? nthreads : 1, rows_pad, RG_STATIC, round_range, &rj);
-        pairs_job job = {fmt, w, atiles, rows, nb, N, panels, scratch, per_thread, y + i0 * N};
+        pairs_job job = {fmt, w, atiles, rows, nb, N, panels, kc, scratch, per_thread, y + i0 * N};
         rg_parallel(nthreads, pairs, RG_STATIC, pairs_range, &job);
     }
     return 0;
