@@ -1,7 +1,7 @@
 """Run a script many times, each in a fresh child process forked from one that has already imported
 torch, transformers and radixgen (about 3 s of a run's 4 s on 2 cores), for test_clean_exit.py.
 
-    python tests/e2e/fork_runs.py MODEL SCRIPT VARIANT RUNS OUTDIR
+    python tests/e2e/fork_runs.py MODEL SCRIPT VARIANT RUNS OUTDIR HANG_S
 
 Child i runs SCRIPT as `__main__` with `sgl.Engine` patched to build MODEL on one torch thread, then,
 with VARIANT "shutdown", calls `sgl.get_default_backend().shutdown()`; then it ends as any script
@@ -30,9 +30,7 @@ import radixgen as sgl
 from radixgen.runtime.engine import Engine
 from radixgen.runtime.tokenizer import load_tokenizer
 
-HANG_S = 120  # a run takes 2-5 s
-
-model, script, variant, runs, outdir = sys.argv[1:6]
+model, script, variant, runs, outdir, hang_s = sys.argv[1:7]
 load_tokenizer(model)  # imports what the tokenizer and its config need
 gc.freeze()
 child = None
@@ -50,7 +48,7 @@ if child is not None:
         target = os.open(os.path.join(outdir, f"{child}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
-    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    faulthandler.dump_traceback_later(float(hang_s), exit=True)
     sys.argv = [script]
     sgl.Engine = functools.partial(Engine, model=model, num_threads=1)
     runpy.run_path(script, run_name="__main__")

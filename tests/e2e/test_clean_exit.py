@@ -31,9 +31,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = 20  # per script and variant
 VARIANTS = ("exit", "shutdown")  # the script ends on its own / then the default backend is shut down
-PLAIN = """
+HANG_S = 120  # seconds after which a run dumps every thread's stack and fails (a run takes 2-5 s)
+PLAIN = f"""
 import faulthandler, functools, runpy, sys
-faulthandler.dump_traceback_later(120, exit=True)  # a hang fails with every thread's stack
+faulthandler.dump_traceback_later({HANG_S}, exit=True)  # a hang fails with every thread's stack
 import radixgen as sgl
 from radixgen.runtime.engine import Engine
 sgl.Engine = functools.partial(Engine, model=sys.argv[1], num_threads=1)
@@ -52,7 +53,8 @@ ENV = {**os.environ, "PYTHONFAULTHANDLER": "1", "TOKENIZERS_PARALLELISM": "false
 def forked_runs(model: Path, script: str, variant: str, outdir: Path) -> list[tuple[str, int, str, str]]:
     """(label, exit status, stdout, stderr) of RUNS forked runs (fork_runs.py)."""
     outdir.mkdir()
-    cmd = [sys.executable, str(ROOT / "tests/e2e/fork_runs.py"), str(model), script, variant, str(RUNS), str(outdir)]
+    cmd = [sys.executable, str(ROOT / "tests/e2e/fork_runs.py"), str(model), script, variant, str(RUNS), str(outdir),
+           str(HANG_S)]
     subprocess.run(cmd, cwd=ROOT, env=ENV, check=True, timeout=600)
     return [(f"{variant} run {i}", int((outdir / f"{i}.status").read_text()), (outdir / f"{i}.out").read_text(),
              (outdir / f"{i}.err").read_text()) for i in range(RUNS)]
