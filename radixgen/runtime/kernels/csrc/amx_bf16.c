@@ -39,32 +39,12 @@
 #define NR 16
 #define MT AMX_TILE_ROWS
 #define CHUNK 128       /* activation rows whose limbs stay in cache while the weights pass */
-/* Tiles: results for 2 activation tiles x 2 weight panels, one limb of the 2 activation tiles, the
- * 2 weight panels. The tile intrinsics take literal tile numbers (they stringize their arguments),
- * so these are macros, passed through wrappers that expand them. */
-#define C00 0
-#define C01 1
-#define C10 2
-#define C11 3
-#define A0 4
-#define A1 5
-#define B0 6
-#define B1 7
+/* The tile intrinsics stringize their arguments: these wrappers expand the T_ macros (amx_gemm.h) first.
+ * The A tiles hold one limb of the 2 activation tiles. */
 #define TILE_ZERO(t) _tile_zero(t)
 #define TILE_LOAD(t, p, stride) _tile_loadd(t, p, stride)
 #define TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
 #define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
-
-static void configure_tiles(void) {
-    rg_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
-        cfg.colsb[t] = 64;
-    }
-    _tile_loadconfig(&cfg);
-}
 
 /* x [rows, K] float -> limbs as A tiles [rows_pad / 16][K / 32][3][16][32] bfloat16 (rows beyond
  * `rows` zero) and the block sums [rows_pad][K / 32]. hi keeps x's top 16 bits, mid the next 8
@@ -177,7 +157,7 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
     uint8_t *mine = pj->scratch + pj->per_thread * (size_t)tid;
     uint16_t *btiles = (uint16_t *)mine;
     float *cbuf = (float *)(mine + 2 * nb * 1024), *acc = cbuf + 4 * 256;  /* cbuf: [tile][panel][16][16] */
-    configure_tiles();
+    rg_configure_bf16_tiles();
     for (int64_t pair = begin; pair < end; pair++) {
         const int64_t p0 = 2 * pair;
         /* a missing second panel multiplies zeros (its tiles are unpacked from a zero panel) */
@@ -197,8 +177,8 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
                         if (bits == 4) __builtin_prefetch(m16 + (p * nb + b) * NR);
                     }
                 }
-            TILE_LOAD(B0, btiles + b * 512, 64);
-            TILE_LOAD(B1, btiles + (nb + b) * 512, 64);
+            TILE_LOAD(T_B0, btiles + b * 512, 64);
+            TILE_LOAD(T_B1, btiles + (nb + b) * 512, 64);
             __m512 d[2], m[2];
             for (int j = 0; j < 2; j++) {
                 const int64_t off = ((p0 + (j < np ? j : 0)) * nb + b) * NR;
@@ -210,27 +190,27 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
                 const int two = t + 1 < tiles;  /* a second activation tile */
                 const uint16_t *a0 = limbs + (t * nb + b) * 3 * MT * QK;
                 const uint16_t *a1 = a0 + nb * 3 * MT * QK;
-                TILE_ZERO(C00);
-                TILE_ZERO(C01);
+                TILE_ZERO(T_C00);
+                TILE_ZERO(T_C01);
                 if (two) {
-                    TILE_ZERO(C10);
-                    TILE_ZERO(C11);
+                    TILE_ZERO(T_C10);
+                    TILE_ZERO(T_C11);
                 }
                 for (int l = 0; l < 3; l++) {
-                    TILE_LOAD(A0, a0 + l * MT * QK, 64);
-                    TILE_DP(C00, A0, B0);
-                    TILE_DP(C01, A0, B1);
+                    TILE_LOAD(T_A0, a0 + l * MT * QK, 64);
+                    TILE_DP(T_C00, T_A0, T_B0);
+                    TILE_DP(T_C01, T_A0, T_B1);
                     if (two) {
-                        TILE_LOAD(A1, a1 + l * MT * QK, 64);
-                        TILE_DP(C10, A1, B0);
-                        TILE_DP(C11, A1, B1);
+                        TILE_LOAD(T_A1, a1 + l * MT * QK, 64);
+                        TILE_DP(T_C10, T_A1, T_B0);
+                        TILE_DP(T_C11, T_A1, T_B1);
                     }
                 }
-                TILE_STORE(C00, cbuf, 64);
-                TILE_STORE(C01, cbuf + 256, 64);
+                TILE_STORE(T_C00, cbuf, 64);
+                TILE_STORE(T_C01, cbuf + 256, 64);
                 if (two) {
-                    TILE_STORE(C10, cbuf + 512, 64);
-                    TILE_STORE(C11, cbuf + 768, 64);
+                    TILE_STORE(T_C10, cbuf + 512, 64);
+                    TILE_STORE(T_C11, cbuf + 768, 64);
                 }
                 for (int i = 0; i <= two; i++)
                     for (int r = 0; r < MT; r++) {

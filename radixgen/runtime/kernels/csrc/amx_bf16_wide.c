@@ -34,24 +34,6 @@
 #define CHUNK 256      /* activation rows a weight pair's B tiles serve before the next chunk */
 #define PASS_BYTES (512 << 10) /* a chunk's A tiles of one pass over K (L2 holds them while the pairs pass) */
 #define TILE_ELEMS 512 /* bfloat16 values of one A or B tile: 16 rows of 64 bytes */
-/* Tiles: results for 2 activation tiles x 2 weight panels, the 2 activation tiles, the 2 panels' tiles.
- * The tile intrinsics take literal tile numbers. */
-#define C00 0
-#define C01 1
-#define C10 2
-#define C11 3
-#define A0 4
-#define A1 5
-#define B0 6
-#define B1 7
-
-static void configure_tiles(void) {
-    rg_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
-}
 
 /* x [rows, K] float32 -> A tiles [rows_pad / 16][K / 32][16][32] bfloat16, rounded to nearest even; the rows
  * past `rows` zero. */
@@ -145,10 +127,10 @@ static void load_tile(const pairs_job *j, int tile, int64_t t, int64_t p, float 
         stride = 64;
     }
     switch (tile) {
-        case C00: _tile_loadd(C00, src, stride); return;
-        case C01: _tile_loadd(C01, src, stride); return;
-        case C10: _tile_loadd(C10, src, stride); return;
-        default: _tile_loadd(C11, src, stride); return;
+        case T_C00: _tile_loadd(T_C00, src, stride); return;
+        case T_C01: _tile_loadd(T_C01, src, stride); return;
+        case T_C10: _tile_loadd(T_C10, src, stride); return;
+        default: _tile_loadd(T_C11, src, stride); return;
     }
 }
 
@@ -158,17 +140,17 @@ static void store_tile(const pairs_job *j, int tile, int64_t t, int64_t p, float
     const int64_t nrows = j->rows - row < MT ? j->rows - row : MT, ncols = j->N - col < NR ? j->N - col : NR;
     if (nrows == MT && ncols == NR) {
         switch (tile) {
-            case C00: _tile_stored(C00, j->y + row * j->N + col, j->N * 4); return;
-            case C01: _tile_stored(C01, j->y + row * j->N + col, j->N * 4); return;
-            case C10: _tile_stored(C10, j->y + row * j->N + col, j->N * 4); return;
-            default: _tile_stored(C11, j->y + row * j->N + col, j->N * 4); return;
+            case T_C00: _tile_stored(T_C00, j->y + row * j->N + col, j->N * 4); return;
+            case T_C01: _tile_stored(T_C01, j->y + row * j->N + col, j->N * 4); return;
+            case T_C10: _tile_stored(T_C10, j->y + row * j->N + col, j->N * 4); return;
+            default: _tile_stored(T_C11, j->y + row * j->N + col, j->N * 4); return;
         }
     }
     switch (tile) {
-        case C00: _tile_stored(C00, cbuf, 64); break;
-        case C01: _tile_stored(C01, cbuf, 64); break;
-        case C10: _tile_stored(C10, cbuf, 64); break;
-        default: _tile_stored(C11, cbuf, 64); break;
+        case T_C00: _tile_stored(T_C00, cbuf, 64); break;
+        case T_C01: _tile_stored(T_C01, cbuf, 64); break;
+        case T_C10: _tile_stored(T_C10, cbuf, 64); break;
+        default: _tile_stored(T_C11, cbuf, 64); break;
     }
     for (int64_t r = 0; r < nrows; r++)
         memcpy(j->y + (row + r) * j->N + col, cbuf + r * NR, sizeof(float) * (size_t)ncols);
@@ -182,7 +164,7 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
     const int64_t nb = j->nb, kc = j->kc, tiles = (j->rows + MT - 1) / MT;
     uint16_t *btiles = (uint16_t *)(j->scratch + j->per_thread * (size_t)tid), *b1tiles = btiles + kc * TILE_ELEMS;
     float *cbuf = (float *)(btiles + 2 * kc * TILE_ELEMS);
-    configure_tiles();
+    rg_configure_bf16_tiles();
     for (int64_t k0 = 0; k0 < nb; k0 += kc) {
         const int64_t kn = nb - k0 < kc ? nb - k0 : kc;
         for (int64_t pair = begin; pair < end; pair++) {
@@ -193,35 +175,35 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
                 const int two = t + 1 < tiles;
                 const uint16_t *a0 = j->atiles + (t * nb + k0) * TILE_ELEMS, *a1 = a0 + nb * TILE_ELEMS;
                 if (k0 == 0) {
-                    _tile_zero(C00);
-                    _tile_zero(C01);
-                    _tile_zero(C10);
-                    _tile_zero(C11);
+                    _tile_zero(T_C00);
+                    _tile_zero(T_C01);
+                    _tile_zero(T_C10);
+                    _tile_zero(T_C11);
                 } else {
-                    load_tile(j, C00, t, p0, cbuf);
-                    if (two_panels) load_tile(j, C01, t, p0 + 1, cbuf);
+                    load_tile(j, T_C00, t, p0, cbuf);
+                    if (two_panels) load_tile(j, T_C01, t, p0 + 1, cbuf);
                     if (two) {
-                        load_tile(j, C10, t + 1, p0, cbuf);
-                        if (two_panels) load_tile(j, C11, t + 1, p0 + 1, cbuf);
+                        load_tile(j, T_C10, t + 1, p0, cbuf);
+                        if (two_panels) load_tile(j, T_C11, t + 1, p0 + 1, cbuf);
                     }
                 }
                 for (int64_t b = 0; b < kn; b++) {
-                    _tile_loadd(B0, btiles + b * TILE_ELEMS, 64);
-                    _tile_loadd(B1, b1tiles + b * TILE_ELEMS, 64);
-                    _tile_loadd(A0, a0 + b * TILE_ELEMS, 64);
-                    _tile_dpbf16ps(C00, A0, B0);
-                    _tile_dpbf16ps(C01, A0, B1);
+                    _tile_loadd(T_B0, btiles + b * TILE_ELEMS, 64);
+                    _tile_loadd(T_B1, b1tiles + b * TILE_ELEMS, 64);
+                    _tile_loadd(T_A0, a0 + b * TILE_ELEMS, 64);
+                    _tile_dpbf16ps(T_C00, T_A0, T_B0);
+                    _tile_dpbf16ps(T_C01, T_A0, T_B1);
                     if (two) {
-                        _tile_loadd(A1, a1 + b * TILE_ELEMS, 64);
-                        _tile_dpbf16ps(C10, A1, B0);
-                        _tile_dpbf16ps(C11, A1, B1);
+                        _tile_loadd(T_A1, a1 + b * TILE_ELEMS, 64);
+                        _tile_dpbf16ps(T_C10, T_A1, T_B0);
+                        _tile_dpbf16ps(T_C11, T_A1, T_B1);
                     }
                 }
-                store_tile(j, C00, t, p0, cbuf);
-                if (two_panels) store_tile(j, C01, t, p0 + 1, cbuf);
+                store_tile(j, T_C00, t, p0, cbuf);
+                if (two_panels) store_tile(j, T_C01, t, p0 + 1, cbuf);
                 if (two) {
-                    store_tile(j, C10, t + 1, p0, cbuf);
-                    if (two_panels) store_tile(j, C11, t + 1, p0 + 1, cbuf);
+                    store_tile(j, T_C10, t + 1, p0, cbuf);
+                    if (two_panels) store_tile(j, T_C11, t + 1, p0 + 1, cbuf);
                 }
             }
         }

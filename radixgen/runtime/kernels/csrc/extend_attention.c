@@ -161,16 +161,8 @@ static void block_values(const uint32_t *pw, int64_t R4, const uint32_t *vp, int
 #ifdef RG_AMX
 /* The same two products on AMX bfloat16 tiles (TDPBF16PS: C[16, 16] += A[16, 32 bfloat16] B[16 pairs, 16]),
  * every tile 16 rows of 64 bytes. The packed K and V are B tiles as they lie: a K block's 16 dimension
- * pairs of 16 keys, a V block's 16 key pairs of 16 dimensions (rows DB * 64 bytes apart). Tile numbers are
- * literals: results 0-3, A 4-5, B 6-7. */
-static void configure_tiles(void) {
-    rg_tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
-}
-
+ * pairs of 16 keys, a V block's 16 key pairs of 16 dimensions (rows DB * 64 bytes apart). Tiles (configured
+ * by rg_configure_bf16_tiles) by literal number: results 0-3, A 4-5, B 6-7. */
 /* sc[r][0 .. KB) = scores of rows r < R16 (a multiple of TR): per row tile, 4 result tiles of 16 keys over
  * D / 32 steps (the q tile loaded once a step). */
 static void block_scores_amx(const uint32_t *qp, int64_t R16, const uint32_t *kp, int64_t DP, float *sc) {
@@ -236,7 +228,7 @@ static void attend_items(void *job, int64_t begin, int64_t end, int tid) {
     uint16_t pw[rows_max * KB] __attribute__((aligned(64)));  /* [rows, KB] bfloat16 softmax weights */
     (void)tid;
 #ifdef RG_AMX
-    if (j->amx) configure_tiles();
+    if (j->amx) rg_configure_bf16_tiles();
 #endif
     for (int64_t item = begin; item < end; item++) {
         const int64_t b = request_of(j, item), local = item - j->item_first[b];
