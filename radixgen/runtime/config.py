@@ -69,7 +69,7 @@ class EngineConfig:
     as llama.cpp's Q8 activations) in the block kernel's integer dot products, on the weights' own
     blocks; bfloat16: activations and weights rounded to bfloat16, float32 sums (on AMX tiles that read
     the weights' blocks, else oneDNN GEMMs on bfloat16 slices of the weights). auto picks bfloat16 where
-    AMX tiles run it (Intel Xeon since Sapphire Rapids: several times int16's speed there), else int16
+    AMX tiles run it (Intel Xeon since Sapphire Rapids: twice int16's prefill speed there), else int16
     where the CPU has int8 dot products (AVX512-VNNI, AVX-VNNI, Arm's dotprod) and those chunks attend in
     the C kernel (AVX512-BF16, no sliding-window layers), else bfloat16 where the CPU has bf16 dot
     products, else float32. With AVX512-BF16 those chunks' attention runs in bfloat16 too (a C kernel:
