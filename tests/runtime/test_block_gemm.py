@@ -269,6 +269,9 @@ def test_bad_input_is_rejected():
         block_linear(torch.randn(2, 32), w)
     with pytest.raises(ValueError, match="float32"):
         block_linear(torch.randn(2, 64, dtype=torch.bfloat16), w)
+    for bad in (torch.randn(2, 32), torch.randn(2, 64, dtype=torch.bfloat16), torch.randn(64)):
+        with pytest.raises(ValueError, match=r"float32 \[M, 64\]"):
+            block_linear_bf16(bad, w)
     with pytest.raises(ValueError, match="IQ2_XXS"):
         from_gguf(np.zeros((1, 66), np.uint8), "IQ2_XXS")
     for bad in ([4], [0, -1]):
