@@ -39,12 +39,7 @@
 #define NR 16
 #define MT AMX_TILE_ROWS
 #define CHUNK 128       /* activation rows whose limbs stay in cache while the weights pass */
-/* The tile intrinsics stringize their arguments: these wrappers expand the T_ macros (amx_gemm.h) first.
- * The A tiles hold one limb of the 2 activation tiles. */
-#define TILE_ZERO(t) _tile_zero(t)
-#define TILE_LOAD(t, p, stride) _tile_loadd(t, p, stride)
-#define TILE_STORE(t, p, stride) _tile_stored(t, p, stride)
-#define TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+/* Tiles: amx_gemm.h's 2 x 2 blocking, the A tiles holding one limb of the 2 activation tiles. */
 
 /* x [rows, K] float -> limbs as A tiles [rows_pad / 16][K / 32][3][16][32] bfloat16 (rows beyond
  * `rows` zero) and the block sums [rows_pad][K / 32]. hi keeps x's top 16 bits, mid the next 8
@@ -177,8 +172,8 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
                         if (bits == 4) __builtin_prefetch(m16 + (p * nb + b) * NR);
                     }
                 }
-            TILE_LOAD(T_B0, btiles + b * 512, 64);
-            TILE_LOAD(T_B1, btiles + (nb + b) * 512, 64);
+            _tile_loadd(T_B0, btiles + b * 512, 64);
+            _tile_loadd(T_B1, btiles + (nb + b) * 512, 64);
             __m512 d[2], m[2];
             for (int j = 0; j < 2; j++) {
                 const int64_t off = ((p0 + (j < np ? j : 0)) * nb + b) * NR;
@@ -190,27 +185,27 @@ static void pairs_range(void *job, int64_t begin, int64_t end, int tid) {
                 const int two = t + 1 < tiles;  /* a second activation tile */
                 const uint16_t *a0 = limbs + (t * nb + b) * 3 * MT * QK;
                 const uint16_t *a1 = a0 + nb * 3 * MT * QK;
-                TILE_ZERO(T_C00);
-                TILE_ZERO(T_C01);
+                _tile_zero(T_C00);
+                _tile_zero(T_C01);
                 if (two) {
-                    TILE_ZERO(T_C10);
-                    TILE_ZERO(T_C11);
+                    _tile_zero(T_C10);
+                    _tile_zero(T_C11);
                 }
                 for (int l = 0; l < 3; l++) {
-                    TILE_LOAD(T_A0, a0 + l * MT * QK, 64);
-                    TILE_DP(T_C00, T_A0, T_B0);
-                    TILE_DP(T_C01, T_A0, T_B1);
+                    _tile_loadd(T_A0, a0 + l * MT * QK, 64);
+                    _tile_dpbf16ps(T_C00, T_A0, T_B0);
+                    _tile_dpbf16ps(T_C01, T_A0, T_B1);
                     if (two) {
-                        TILE_LOAD(T_A1, a1 + l * MT * QK, 64);
-                        TILE_DP(T_C10, T_A1, T_B0);
-                        TILE_DP(T_C11, T_A1, T_B1);
+                        _tile_loadd(T_A1, a1 + l * MT * QK, 64);
+                        _tile_dpbf16ps(T_C10, T_A1, T_B0);
+                        _tile_dpbf16ps(T_C11, T_A1, T_B1);
                     }
                 }
-                TILE_STORE(T_C00, cbuf, 64);
-                TILE_STORE(T_C01, cbuf + 256, 64);
+                _tile_stored(T_C00, cbuf, 64);
+                _tile_stored(T_C01, cbuf + 256, 64);
                 if (two) {
-                    TILE_STORE(T_C10, cbuf + 512, 64);
-                    TILE_STORE(T_C11, cbuf + 768, 64);
+                    _tile_stored(T_C10, cbuf + 512, 64);
+                    _tile_stored(T_C11, cbuf + 768, 64);
                 }
                 for (int i = 0; i <= two; i++)
                     for (int r = 0; r < MT; r++) {

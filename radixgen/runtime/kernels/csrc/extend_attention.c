@@ -163,6 +163,8 @@ static void block_values(const uint32_t *pw, int64_t R4, const uint32_t *vp, int
  * every tile 16 rows of 64 bytes. The packed K and V are B tiles as they lie: a K block's 16 dimension
  * pairs of 16 keys, a V block's 16 key pairs of 16 dimensions (rows DB * 64 bytes apart). Tiles (configured
  * by rg_configure_bf16_tiles) by literal number: results 0-3, A 4-5, B 6-7. */
+_Static_assert(KB == 64, "the tile products take a key block as 4 result tiles of 16 keys, 2 A tiles of 32");
+
 /* sc[r][0 .. KB) = scores of rows r < R16 (a multiple of TR): per row tile, 4 result tiles of 16 keys over
  * D / 32 steps (the q tile loaded once a step). */
 static void block_scores_amx(const uint32_t *qp, int64_t R16, const uint32_t *kp, int64_t DP, float *sc) {
