@@ -19,6 +19,14 @@ AMX) run on those dot products instead, whose peak this does not measure, so for
 prefill ceiling is the bfloat16 path's bound, not theirs (Zen 4's int8 block GEMMs multiply faster than
 its bfloat16 GEMM). The memory read bandwidth (a torch sum of 1 GiB) is printed for reference.
 
+--as-isa runs ours as on a CPU with less than this one (AS_ISA: our kernels built for that instruction
+set, the CPU flags the engine's choices read narrowed to it, torch's GEMMs limited to it), so one VM can
+measure the paths of others; give it a llama-bench built for the same set (for avx2:
+-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+-DGGML_AVX512=OFF; for avx512-no-amx: the AMX-off build above). Each core's instruction rates still
+are this CPU's, not the other model's: a Sapphire Rapids core runs vdpbf16ps at a quarter of vpdpbusd's
+multiply-adds, a Zen 4 core at half.
+
     python benchmarks/bench_gguf.py /tmp/synth-1b-q4_k_m.gguf ... [--rounds 2] [--llama-bench PATH]
 """
 
@@ -35,6 +43,31 @@ import time
 from pathlib import Path
 
 BARS = {"decode_b1": 1.2, "prefill_256": 3.0}
+
+
+# --as-isa: our kernels' compiler flags, the CPU flags kept (all but those with these prefixes), and the
+# environment that limits torch's own kernels (MKL, oneDNN, ATen) to the same instructions
+AS_ISA = {
+    "avx2": (["-O3", "-march=haswell"], ("avx512", "amx", "avx_vnni"),
+             {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}),
+    "avx512-no-amx": (["-O3", "-march=icelake-server", "-mavx512bf16"], ("amx",),  # AMD Zen 4's set
+                      {"MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+                       "ATEN_CPU_CAPABILITY": "avx512"}),
+}
+
+
+def narrow_to(isa: str) -> None:
+    """Make this process's engine run as on a CPU with instruction set `isa` only (AS_ISA); call before
+    torch and the engine are imported."""
+    flags, hidden, env = AS_ISA[isa]
+    os.environ.update(env)
+    from radixgen.runtime.kernels import build
+
+    build.VARIANT_FLAGS["native"] = flags
+    have = build.cpu_flags()
+    build.cpu_flags = lambda: {f for f in have if not f.startswith(hidden)}
+    if build.build() is None:  # else the engine would quietly run its torch fallbacks
+        raise SystemExit(f"--as-isa {isa}: the C kernels do not build with {' '.join(flags)} here")
 
 
 PREFILL_REPS = 3  # timed 256-token prefills a round, as many as llama-bench's -r 3 below
@@ -131,7 +164,10 @@ def main() -> None:
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench"))
     ap.add_argument("--wide-matmul-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int16", "int8"],
                     help="our prompt chunks' matrices (EngineConfig.wide_matmul_dtype; int8 is llama.cpp's precision)")
+    ap.add_argument("--as-isa", choices=sorted(AS_ISA), help="ours as on a CPU with only this instruction set")
     args = ap.parse_args()
+    if args.as_isa:
+        narrow_to(args.as_isa)
     if args.llama_bench is None:
         print("note: no llama-bench (give --llama-bench or LLAMA_BENCH): ours only")
     import torch
@@ -141,7 +177,8 @@ def main() -> None:
     from bench_decode import read_bandwidth_gbs  # the same measurement as bench_decode's summary
 
     bandwidth, gflops = read_bandwidth_gbs(), bf16_gemm_gflops()
-    print(json.dumps({"read_bandwidth_gbs": round(bandwidth, 1), "bf16_gemm_gflops": round(gflops, 1)}), flush=True)
+    print(json.dumps({"read_bandwidth_gbs": round(bandwidth, 1), "bf16_gemm_gflops": round(gflops, 1),
+                      "as_isa": args.as_isa or "native"}), flush=True)
     for path in args.gguf:
         runs: dict[str, list[dict]] = {"ours": [], "llama.cpp": []}
         for _ in range(args.rounds):
