@@ -345,21 +345,32 @@ static inline __m256i bcast4(const int8_t *x) {
     return _mm256_set1_epi32(x4);
 }
 
+#ifndef RG_AVXVNNI
+/* Groups of 4 weights whose vpmaddubsw pair sums (at most 2 * max q * 127 each) add up in int16 without
+ * overflow: 8 for 4-bit q (30,480), 4 for 5-bit (31,496), 2 for q up to 63 (32,004). */
+static inline int int16_groups(const int fmt) { return FMT_Q4(fmt) ? 8 : FMT_Q5(fmt) ? 4 : 2; }
+#endif
+
 /* Dword lane c: the sum over groups g0 .. g1 - 1 (k = 4g0 .. 4g1 - 1) of weight row c (of this half of the
  * panel) times one limb's activation bytes xl. Integer sums, exact in any order. */
 static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, const __m256i *w, const int8_t *xl,
                                                                const int g0, const int g1) {
 #ifndef RG_AVXVNNI
-    if (FMT_Q4(fmt)) {  /* vpmaddubsw's pair sums are at most 2 * 15 * 127: eight of them add in int16 */
-        __m256i s = _mm256_setzero_si256();
-        for (int g = g0; g < g1; g++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g)));
-        return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
+    if (fmt != FMT_I8H) {  /* vpmaddubsw's pair sums add in int16 over int16_groups(fmt) groups, then widen */
+        const int run = int16_groups(fmt);
+        __m256i a = _mm256_setzero_si256();
+        for (int g = g0; g < g1; g += run) {
+            __m256i s = _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g));
+            for (int j = 1; j < run; j++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g + j], bcast4(xl + 4 * (g + j))));
+            a = _mm256_add_epi32(a, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+        }
+        return a;
     }
 #endif
     __m256i a = _mm256_setzero_si256();
     for (int g = g0; g < g1; g++) {
         const __m256i x = bcast4(xl + 4 * g);
-        if (fmt != FMT_I8H) a = dot4(a, w[g], x);  /* unsigned q <= 63: each pair sum below 2^15 */
+        if (fmt != FMT_I8H) a = dot4(a, w[g], x);  /* unsigned q (vpdpbusd: without VNNI only signed q get here) */
 #ifdef RG_AVXVNNI
         else a = dot4(a, _mm256_xor_si256(w[g], _mm256_set1_epi8(-128)), x);
 #else  /* |q| times x with q's sign: vpmaddubsw's pair sums stay below 2^15 */
