@@ -3,6 +3,7 @@ reference GEMM)."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import gguf
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixgen.runtime.kernels import build, ffi
 from radixgen.runtime.kernels.block_gemm import (
     BLOCK_MAX_ROWS,
     SCALES_F32,
@@ -88,26 +90,35 @@ def test_block_linear_matches_gguf_dequantized(qtype, m):
     assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
 
 
+@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+def simd_build(request) -> ctypes.CDLL:
+    """The native kernel build, then each narrower SIMD build this CPU can run (AVX2, AVX-VNNI, AVX-512 VNNI)."""
+    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    return ffi.load(request.param)
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES)
 @pytest.mark.parametrize("limbs", [1, 2, 3])
-def test_block_linear_rows_do_not_depend_on_batch_mates(qtype, limbs):
+def test_block_linear_rows_do_not_depend_on_batch_mates(simd_build, qtype, limbs):
     """Each output sums the same integer products and combines them in the same float operations on every
-    path of a build (the vector path, and AMX int8 tiles from `block_gemm_amx_rows()` rows where the CPU has
-    them), so a row's result is bit-identical alone or among any others (the 8-row groups, 16-row tiles
-    and their remainders). One exception: on AMX the fp16 formats (Q4_0, Q4_1, Q8_0) in three limbs run on
-    bfloat16 tiles instead, float32 sums in another order: the same bits among those rows, and within
-    2 k 2^-24 times the sum of the products' magnitudes of the vector path's."""
+    path of a build (the vector path, its rows taken one, two, four or eight at a time, and AMX int8 tiles
+    from `block_gemm_amx_rows()` rows where the CPU has them), so a row's result is bit-identical alone or
+    among any others (the 8-row groups, 16-row tiles and their remainders). One exception: on AMX the fp16
+    formats (Q4_0, Q4_1, Q8_0) in three limbs run on bfloat16 tiles instead, float32 sums in another order:
+    the same bits among those rows, and within 2 k 2^-24 times the sum of the products' magnitudes of the
+    vector path's."""
     n, k = 50, width(qtype)
     raw = random_gguf(qtype, n, k, 7)
     w = pack_panels(from_gguf(raw, qtype))
     x = torch.randn(70, k, generator=torch.Generator().manual_seed(3))
-    alone = torch.cat([block_linear(x[i : i + 1], w, limbs=limbs) for i in range(len(x))])
-    wide = block_linear(x, w, limbs=limbs)
-    amx_rows = library().block_gemm_amx_rows()
+    alone = torch.cat([block_linear(x[i : i + 1], w, simd_build, limbs=limbs) for i in range(len(x))])
+    wide = block_linear(x, w, simd_build, limbs=limbs)
+    amx_rows = simd_build.block_gemm_amx_rows()
     bf16_tiles = amx_rows > 0 and limbs == 3 and qtype in ("Q4_0", "Q4_1", "Q8_0")
     reorder_bound = 2 * k * 2.0**-24 * (x.double().abs() @ gguf_dense(raw, qtype, n, k).double().abs().t())
     for m in (2, 5, 9, 16, 17, 20, 40, 70):
-        y = block_linear(x[:m], w, limbs=limbs)
+        y = block_linear(x[:m], w, simd_build, limbs=limbs)
         assert torch.equal(y, wide[:m] if bf16_tiles and m >= amx_rows else alone[:m])
         assert ((y - alone[:m]).double().abs() <= reorder_bound[:m]).all()
 

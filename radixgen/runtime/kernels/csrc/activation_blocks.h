@@ -49,6 +49,17 @@ static inline const xblock *xblock_at(const xblock *xq, int64_t i, int limbs) {
 /* The offset the integer sums take off for format fmt: its own (FMT_OFFSET), or signed 8-bit q's. */
 static inline int xblock_offset(const int fmt) { return fmt == FMT_I8H ? SIGNED8_OFFSET : FMT_OFFSET(fmt); }
 
+/* AVX2 without VNNI has no dot product of signed bytes by signed bytes (vpmaddubsw's first side is
+ * unsigned: |q| and a sign per limb, three instructions a limb), so signed 8-bit weights in two or three
+ * limbs multiply int16 words instead (vpmaddwd, the weights widened): the first two limbs are stored as
+ * the words 254 q0 + q1 (the integers two limbs combine into elsewhere; |254 q0 + q1| <= 32,385) in
+ * q[0] and q[1]'s 64 bytes; a third stays bytes. */
+#if defined(RG_AVX2) && !defined(RG_AVXVNNI) && !defined(RG_AVX512)
+#define XBLOCK_WORDS(fmt, limbs) ((fmt) == FMT_I8H && (limbs) >= 2)
+#else
+#define XBLOCK_WORDS(fmt, limbs) 0
+#endif
+
 /* The float sums of x fmt's mins multiply: 0 (no mins, or an offset instead), 1 (the block's), 2 (its halves'). */
 static inline int xblock_sums(const int fmt) { return FMT_HAS_MIN(fmt) && !FMT_OFFSET(fmt) ? FMT_HALVES(fmt) : 0; }
 

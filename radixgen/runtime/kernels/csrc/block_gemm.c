@@ -14,7 +14,8 @@
  * s = max|x| / 127, x = s * (x0 + x1 / 254 + x2 / 254^2) to 2^-24 of the block's largest value, which is
  * float32's own precision (one limb, as llama.cpp uses, moves SmolLM2's logits by up to ~1.4; two
  * by ~5e-3; three by ~1e-4, the same as float32 GEMMs). Each limb's dot product with q is exact in
- * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair; Arm64's sdot), and the three
+ * int32 (vpdpbusd: 64 byte products per instruction; AVX2's vpmaddubsw pair, or for signed 8-bit weights
+ * vpmaddwd of the weights widened by two limbs' int16 words, XBLOCK_WORDS; Arm64's sdot), and the three
  * combine in float; two combine in int32 as 254 x0 + x1 (below 2^29: the block's scale then carries
  * the 1 / 254), which leaves one conversion and one FMA a block and row, not two of each: the FMA pipes
  * are the ones vpdpbusd runs on. Per weight that is ~5x fewer vector instructions than widening each weight to
@@ -56,11 +57,12 @@
 static const float LIMB_UNIT[LIMBS] = {1.0f, C1, C2};
 static const float PAIR_UNIT[2] = {LIMB_BASE, 1.0f};  /* two limbs' weights in their int32 combination */
 
-/* The first `limbs` limbs of one block, with the float sums of x `sums` asks for (xblock_sums) or, for a
- * nonzero `offset`, off (one or two limbs) or foff (three), per half block where halves is 2; the rest is left
- * unset (no kernel reads it). Each sum is a horizontal reduction per block, which is why only those a
- * format reads are computed. */
-static void quantize_block(const float *x, int limbs, int sums, int offset, int halves, xblock *out) {
+/* The first `limbs` limbs of one block (the first two as words where `words`: XBLOCK_WORDS), with the float
+ * sums of x `sums` asks for (xblock_sums) or, for a nonzero `offset`, off (one or two limbs) or foff (three),
+ * per half block where halves is 2; the rest is left unset (no kernel reads it). Each sum is a horizontal
+ * reduction per block, which is why only those a format reads are computed. */
+static void quantize_block(const float *x, int limbs, int sums, int offset, int halves, int words, xblock *out) {
+    (void)words;  /* (read by the AVX2 path only) */
     float qh[2] = {0.0f, 0.0f};  /* with an offset: the sums of q0 + q1 / 254 + ... per half (one limb: exact) */
     float amax = 0.0f;
 #if defined(RG_AVX512)
@@ -143,6 +145,7 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
 #elif defined(RG_AVX2)
     for (int i = 0; i < 4; i++) v[i] = _mm256_mul_ps(v[i], _mm256_set1_ps(inv));
     __m256 f[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  /* qh's terms */
+    __m256i t32[4];  /* words: 254 q0 + q1 */
     for (int l = 0; l < limbs; l++) {
         __m256i q32[4];
         for (int i = 0; i < 4; i++) {  /* rounded to nearest even, as rintf */
@@ -150,6 +153,14 @@ static void quantize_block(const float *x, int limbs, int sums, int offset, int 
             q32[i] = _mm256_cvtps_epi32(q);
             if (offset) f[i / 2] = _mm256_fmadd_ps(q, _mm256_set1_ps(unit[l]), f[i / 2]);
             v[i] = _mm256_mul_ps(_mm256_sub_ps(v[i], q), _mm256_set1_ps(LIMB_BASE));
+        }
+        if (words && l < 2) {
+            for (int i = 0; i < 4; i++) t32[i] = l == 0 ? times_base(q32[i]) : _mm256_add_epi32(t32[i], q32[i]);
+            if (l == 1)  /* int32 -> int16 in order (as below) */
+                for (int i = 0; i < 2; i++)
+                    _mm256_storeu_si256((__m256i *)out->q[i],
+                                        _mm256_permute4x64_epi64(_mm256_packs_epi32(t32[2 * i], t32[2 * i + 1]), 0xD8));
+            continue;
         }
         /* int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back */
         const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q32[0], q32[1]), _mm256_packs_epi32(q32[2], q32[3]));
@@ -208,10 +219,11 @@ static void quantize_range(void *job, int64_t begin, int64_t end, int tid) {
     const quantize_job *j = (const quantize_job *)job;
     const int64_t nb = j->K / QK;
     const int sums = xblock_sums(j->fmt), offset = xblock_offset(j->fmt), halves = FMT_HALVES(j->fmt);
+    const int words = XBLOCK_WORDS(j->fmt, j->limbs);
     (void)tid;
     for (int64_t i = begin; i < end; i++)
         for (int64_t b = 0; b < nb; b++)
-            quantize_block(j->x + i * j->K + b * QK, j->limbs, sums, offset, halves,
+            quantize_block(j->x + i * j->K + b * QK, j->limbs, sums, offset, halves, words,
                            (xblock *)xblock_at(j->xq, i * nb + b, j->limbs));
 }
 
@@ -361,7 +373,8 @@ static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, con
         __m256i a = _mm256_setzero_si256();
         for (int g = g0; g < g1; g += run) {
             __m256i s = _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g));
-            for (int j = 1; j < run; j++) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g + j], bcast4(xl + 4 * (g + j))));
+            for (int j = 1; j < run; j++)
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g + j], bcast4(xl + 4 * (g + j))));
             a = _mm256_add_epi32(a, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
         }
         return a;
@@ -415,6 +428,61 @@ static inline __attribute__((always_inline)) void scales8(const int fmt, const r
     }
 }
 
+/* The lane order of 8 weight rows' sums that words_rows' vphaddd leaves (its own inverse): rows 0, 1, 4, 5,
+ * 2, 3, 6, 7. */
+#define PAIR_ORDER _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7)
+
+/* 64-bit lane j of v in every lane (vpermq takes j as an immediate). */
+static inline __attribute__((always_inline)) __m256i lane64(const __m256i v, const int j) {
+    switch (j) {
+        case 0: return _mm256_permute4x64_epi64(v, 0x00);
+        case 1: return _mm256_permute4x64_epi64(v, 0x55);
+        case 2: return _mm256_permute4x64_epi64(v, 0xAA);
+        default: return _mm256_permute4x64_epi64(v, 0xFF);
+    }
+}
+
+/* acc[r] += block b's products for R (1 or 2) rows of xb (xblock_at(xb, r * nb, limbs)) with signed 8-bit
+ * weights w (one half panel's: group g's 8 rows x 4 k at w + 64 g) in two or three limbs stored as words
+ * (XBLOCK_WORDS): each group's weights widened to int16 once for the R rows, whose words 254 q0 + q1 (and
+ * third limb, widened) vpmaddwd multiplies into one dword lane per weight row and pair of k; vphaddd then
+ * adds the pairs, leaving the weight rows in PAIR_ORDER, the order d (the block's scales) and acc are kept
+ * in. Integer sums, exact: a row's result does not depend on the others. */
+static inline __attribute__((always_inline)) void words_rows(const int R, const int limbs, const uint8_t *w,
+                                                              const __m256 d, const xblock *xb, int64_t nb,
+                                                              __m256 *acc) {
+    __m256i t[2][2], u[2][2];  /* [row][weight rows 0-3 | 4-7]: the words' sums, the third limb's */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 2; j++) t[r][j] = u[r][j] = _mm256_setzero_si256();
+    __m256i x2[2];  /* the third limb of 4 groups (16 k) widened, a group a 64-bit lane */
+    for (int g = 0; g < 8; g++) {
+        const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 64 * g)));
+        const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 64 * g + 16)));
+        for (int r = 0; r < R; r++) {
+            const xblock *x = xblock_at(xb, r * nb, limbs);
+            int64_t x8;  /* the words of k = 4g .. 4g + 3 */
+            memcpy(&x8, (const int16_t *)(const void *)x->q[0] + 4 * g, 8);
+            const __m256i xw = _mm256_set1_epi64x(x8);
+            t[r][0] = _mm256_add_epi32(t[r][0], _mm256_madd_epi16(lo, xw));
+            t[r][1] = _mm256_add_epi32(t[r][1], _mm256_madd_epi16(hi, xw));
+            if (limbs == 3) {
+                if (g % 4 == 0) x2[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(x->q[2] + 4 * g)));
+                const __m256i x2g = lane64(x2[r], g % 4);  /* group g's words */
+                u[r][0] = _mm256_add_epi32(u[r][0], _mm256_madd_epi16(lo, x2g));
+                u[r][1] = _mm256_add_epi32(u[r][1], _mm256_madd_epi16(hi, x2g));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {  /* x = s (254 q0 + q1) in two limbs, s / 254 (254 q0 + q1 + q2 / 254) in three */
+        const xblock *x = xblock_at(xb, r * nb, limbs);
+        __m256 sum = _mm256_cvtepi32_ps(_mm256_hadd_epi32(t[r][0], t[r][1]));
+        if (limbs == 3)
+            sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(u[r][0], u[r][1])), _mm256_set1_ps(C1), sum);
+        const float s = limbs == 3 ? x->s * C1 : x->s;
+        acc[r] = _mm256_fmadd_ps(sum, _mm256_mul_ps(d, _mm256_set1_ps(s)), acc[r]);
+    }
+}
+
 /* `panel` on 8-float vectors: the two halves of the panel (rows c = 8h .. 8h + 7) one after the other; a
  * block's weights are unpacked once for all mr rows. */
 static inline __attribute__((always_inline)) void panel(const int fmt, const int mr, const int limbs, const rg_panel v,
@@ -439,6 +507,14 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
             __m256 d[2], m[2];
             scales8(fmt, &v, b, h, d, m);
             const uint8_t *qb = v.qs + b * block_bytes;
+            if (XBLOCK_WORDS(fmt, limbs)) {  /* two rows at a time (their 8 integer sums in registers) */
+                const __m256 dp = _mm256_permutevar8x32_ps(d[0], PAIR_ORDER);
+                int i = 0;
+                for (; i + 2 <= mr; i += 2)
+                    words_rows(2, limbs, qb + 32 * h, dp, xblock_at(xq, i * nb + b, limbs), nb, acc + i);
+                if (i < mr) words_rows(1, limbs, qb + 32 * h, dp, xblock_at(xq, i * nb + b, limbs), nb, acc + i);
+                continue;
+            }
             __m256i w[8];
             for (int g = 0; g < 8; g++) {
                 if (FMT_NIBBLES(fmt)) {
@@ -482,7 +558,7 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         const int64_t n0 = 8 * h, cnt = nvalid - n0 < 0 ? 0 : (nvalid - n0 > 8 ? 8 : nvalid - n0);
         for (int i = 0; i < stored; i++) {
             float out[8];
-            _mm256_storeu_ps(out, acc[i]);
+            _mm256_storeu_ps(out, XBLOCK_WORDS(fmt, limbs) ? _mm256_permutevar8x32_ps(acc[i], PAIR_ORDER) : acc[i]);
             memcpy(y + i * ldy + n0, out, sizeof(float) * (size_t)cnt);
         }
     }
