@@ -373,9 +373,12 @@ static inline __attribute__((always_inline)) __m256i limb_dot(const int fmt, con
         __m256i a = _mm256_setzero_si256();
         for (int g = g0; g < g1; g += run) {
             __m256i s = _mm256_maddubs_epi16(w[g], bcast4(xl + 4 * g));
-            for (int j = 1; j < run; j++)
+            for (int j = 1; j < run; j++) {
                 s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[g + j], bcast4(xl + 4 * (g + j))));
+                RG_KEEP_CHAIN(s);
+            }
             a = _mm256_add_epi32(a, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+            RG_KEEP_CHAIN(a);
         }
         return a;
     }
@@ -470,7 +473,11 @@ static inline __attribute__((always_inline)) void words_rows(const int R, const 
                 const __m256i x2g = lane64(x2[r], g % 4);  /* group g's words */
                 u[r][0] = _mm256_add_epi32(u[r][0], _mm256_madd_epi16(lo, x2g));
                 u[r][1] = _mm256_add_epi32(u[r][1], _mm256_madd_epi16(hi, x2g));
+                RG_KEEP_CHAIN(u[r][0]);
+                RG_KEEP_CHAIN(u[r][1]);
             }
+            RG_KEEP_CHAIN(t[r][0]);
+            RG_KEEP_CHAIN(t[r][1]);
         }
     }
     for (int r = 0; r < R; r++) {  /* x = s (254 q0 + q1) in two limbs, s / 254 (254 q0 + q1 + q2 / 254) in three */
