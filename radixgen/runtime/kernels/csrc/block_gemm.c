@@ -503,13 +503,12 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         __m256 acc[MR];
         for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            if (h == 0) {  /* the first half's pass streams the panel in (as the AVX-512 path: 8 blocks ahead) */
-                const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
-                for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-                for (int64_t line = 0; line < scale_bytes; line += 64)
-                    _mm_prefetch((const char *)v.d + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
-                for (int64_t line = 0; line < min_bytes; line += 64)
-                    _mm_prefetch((const char *)v.m + (b + PREFETCH_BLOCKS) * min_bytes + line, _MM_HINT_T0);
+            {  /* the two passes stream the next panel in (the one after this one's end), half a block a step */
+                const int64_t t = h * nb + b;
+                const char *qs = (const char *)(v.qs + nb * block_bytes) + t * block_bytes / 2;
+                for (int64_t line = 0; line < block_bytes / 2; line += 64) _mm_prefetch(qs + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)v.d + nb * scale_bytes + t * scale_bytes / 2, _MM_HINT_T0);
+                if (min_bytes) _mm_prefetch((const char *)v.m + nb * min_bytes + t * min_bytes / 2, _MM_HINT_T0);
             }
             __m256 d[2], m[2];
             scales8(fmt, &v, b, h, d, m);
