@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import threading
 import weakref
 
@@ -22,12 +23,14 @@ GREEDY = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    """Greedy decoding with HF's own forward and KV cache (no eos handling: like ignore_eos)."""
+    """Greedy decoding with HF's own forward and KV cache (no eos handling: like ignore_eos). The cache's
+    argument and output field are `cache` from transformers 5.25 on (`past_key_values` is deprecated there)."""
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     out, past, x = [], None, torch.tensor([ids])
     with torch.no_grad():
         for _ in range(n):
-            res = model(x, past_key_values=past, use_cache=True)
-            past, nxt = res.past_key_values, int(res.logits[0, -1].argmax())
+            res = model(x, use_cache=True, **{key: past})
+            past, nxt = getattr(res, key), int(res.logits[0, -1].argmax())
             out.append(nxt)
             x = torch.tensor([[nxt]])
     return out
