@@ -61,20 +61,32 @@ def gguf_dense(raw: np.ndarray, qtype: str, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy())
 
 
+@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+def simd_build(request) -> ctypes.CDLL:
+    """The native kernel build, then each narrower SIMD build this CPU can run (AVX2, AVX-VNNI, AVX-512 VNNI)."""
+    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
+        pytest.skip(f"this CPU cannot run the {request.param} build")
+    lib = ffi.load(request.param)
+    assert lib is not None, f"the {request.param} build failed"
+    return lib
+
+
 @pytest.mark.parametrize("qtype", ALL_TYPES)
-def test_blocks_are_ggufs_values(qtype):
+def test_blocks_are_ggufs_values(simd_build, qtype):
     """Our reading of every type's bytes is gguf's dequantization, bit for bit, in Python and in C (the
-    embedding lookup and the wide steps' slices), in float32 and rounded to bfloat16."""
+    embedding lookup and the wide steps' slices) in every SIMD build, in float32 and rounded to bfloat16."""
     n, k = 37, width(qtype, 2)
     raw = random_gguf(qtype, n, k, seed=5)
     dense = gguf_dense(raw, qtype, n, k)
     w = from_gguf(raw, qtype)
     assert torch.equal(w.dequantize(), dense)
     panels = pack_panels(w)
-    # scattered rows (row by row), and whole panels from a panel's first row (vectorized), partial last one
-    for rows in (torch.tensor([36, 0, 17, 17, 5]), torch.arange(n), torch.arange(16, n)):
-        assert torch.equal(block_dequant_rows(panels, rows), dense[rows])
-        assert torch.equal(block_dequant_rows(panels, rows, torch.bfloat16), dense[rows].bfloat16())
+    # scattered rows (row by row), whole panels from a panel's first row (vectorized), partial last ones
+    # (5 rows: a half panel's odd row count; 11: the second half's)
+    for rows in (torch.tensor([36, 0, 17, 17, 5]), torch.arange(n), torch.arange(16, n), torch.arange(16, 21),
+                 torch.arange(16, 27)):
+        assert torch.equal(block_dequant_rows(panels, rows, lib=simd_build), dense[rows])
+        assert torch.equal(block_dequant_rows(panels, rows, torch.bfloat16, lib=simd_build), dense[rows].bfloat16())
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
@@ -88,14 +100,6 @@ def test_block_linear_matches_gguf_dequantized(qtype, m):
     y = block_linear(x, pack_panels(from_gguf(raw, qtype)))
     assert y.shape == (m, n)
     assert (y.double() - ref).abs().max().item() <= 1e-5 * (1 + ref.abs().max().item())
-
-
-@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
-def simd_build(request) -> ctypes.CDLL:
-    """The native kernel build, then each narrower SIMD build this CPU can run (AVX2, AVX-VNNI, AVX-512 VNNI)."""
-    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
-        pytest.skip(f"this CPU cannot run the {request.param} build")
-    return ffi.load(request.param)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)

@@ -326,16 +326,16 @@ def concat_rows(parts: list[BlockWeight]) -> BlockWeight | None:
 
 
 def block_dequant_rows(w: PanelWeight, rows: torch.Tensor, dtype: torch.dtype = torch.float32,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Rows `rows` (int64 [R]) of `w` as a [R, k] float32 or bfloat16 matrix (the values `dequantize`
-    gives), into `out` when given."""
+    gives), into `out` when given. `lib`: the kernel library to run (default the native one)."""
     n, k = w.shape
     codes = {torch.float32: 0, torch.bfloat16: 1}
     if dtype not in codes:
         raise ValueError(f"block_dequant_rows: dtype must be float32 or bfloat16, got {dtype}")
     rows = rows.to(torch.int64).contiguous()
     y = torch.empty((rows.shape[0], k), dtype=dtype) if out is None else out
-    lib = library()
+    lib = lib or library()
     if lib is None:
         raise RuntimeError("block_dequant_rows: the kernels could not be built (see the log)")
     rc = lib.block_dequant_rows(ctypes.byref(w.struct), n, k, rows.data_ptr(), rows.shape[0], y.data_ptr(),

@@ -103,6 +103,65 @@ static void dequant_panel(int fmt, const rg_panel *v, int64_t nb, int64_t k, int
     }
 }
 
+#elif defined(RG_AVX2)
+/* bfloat16 of 8 floats, rounded as rg_float_to_bf16 (to nearest even; NaN stays a quiet NaN). */
+static inline __m128i to_bf16(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m256i v = _mm256_blendv_epi8(r, quiet, nan);  /* [0, 0xFFFF] each: the pack saturates nothing */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0xD8));
+}
+
+/* Rows 16p .. 16p + nvalid - 1 of panel v into out [., k] (its row 16p first), float32 or bfloat16, a
+ * block and half panel (8 rows) at a time: each of its 8 weight vectors (4 k of 8 rows) in 4 parts of
+ * 2 rows x 4 k, scaled by those rows' own scales and mins (permuted into place once a block); a multiply
+ * then an add, as the scalar path. */
+static void dequant_panel(int fmt, const rg_panel *v, int64_t nb, int64_t k, int64_t nvalid, void *out,
+                          int out_dtype) {
+    const int halves = FMT_HALVES(fmt);
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < 2 && 8 * h < nvalid; h++) {
+            const int parts = nvalid - 8 * h < 8 ? (int)((nvalid - 8 * h + 1) / 2) : 4;
+            __m256 d[2], m[2], dp[2][4], mp[2][4];  /* dp[s][j]: lane 4r + t holds row 2j + r's scale */
+            scales8(fmt, v, b, h, d, m);
+            for (int s = 0; s < halves; s++)
+                for (int j = 0; j < 4; j++) {
+                    const __m256i rows = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                           2 * j + 1);
+                    dp[s][j] = _mm256_permutevar8x32_ps(d[s], rows);
+                    mp[s][j] = FMT_HAS_MIN(fmt) ? _mm256_permutevar8x32_ps(m[s], rows) : _mm256_setzero_ps();
+                }
+            __m256i w[8];
+            weights8(fmt, v->qs + b * FMT_BLOCK_BYTES(fmt), h, w);
+            for (int g = 0; g < 8; g++) {
+                const int s = halves == 2 ? g / 4 : 0;
+                const __m128i lo = _mm256_castsi256_si128(w[g]), hi = _mm256_extracti128_si256(w[g], 1);
+                for (int j = 0; j < parts; j++) {  /* rows 8h + 2j, + 1; lane 4r + t: row 8h + 2j + r, k 4g + t */
+                    const __m128i src = j < 2 ? lo : hi, bytes = j % 2 ? _mm_unpackhi_epi64(src, src) : src;
+                    const __m256i qi = fmt == FMT_I8H ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+                    __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(qi), dp[s][j]);
+                    if (FMT_HAS_MIN(fmt)) x = _mm256_add_ps(x, mp[s][j]);
+                    const int64_t row = 8 * h + 2 * j, at = row * k + b * 32 + 4 * g;
+                    const int second = row + 1 < nvalid;
+                    if (out_dtype == 0) {
+                        _mm_storeu_ps((float *)out + at, _mm256_castps256_ps128(x));
+                        if (second) _mm_storeu_ps((float *)out + at + k, _mm256_extractf128_ps(x, 1));
+                    } else {
+                        const __m128i bf = to_bf16(x);
+                        _mm_storel_epi64((__m128i *)((uint16_t *)out + at), bf);
+                        if (second) _mm_storel_epi64((__m128i *)((uint16_t *)out + at + k), _mm_unpackhi_epi64(bf, bf));
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
+#if defined(RG_AVX512) || defined(RG_AVX2)
 static void dequant_panels(void *job, int64_t begin, int64_t end, int tid) {
     const dequant_job *j = (const dequant_job *)job;
     const int64_t nb = j->k / QK, first = j->rows[0] / NR, elem = j->out_dtype == 0 ? 4 : 2;
@@ -147,7 +206,7 @@ int block_dequant_rows(const rg_block_weight *w, int64_t n, int64_t k, const int
     }
     dequant_job job = {w, fmt, k, rows, n_rows, out, out_dtype};
     const int threads = n_rows * k >= 65536 ? nthreads : 1;
-#if defined(RG_AVX512)
+#if defined(RG_AVX512) || defined(RG_AVX2)
     int whole = n_rows > 0 && rows[0] % NR == 0;  /* consecutive rows from a panel's first: by panels */
     for (int64_t i = 1; whole && i < n_rows; i++) whole = rows[i] == rows[0] + i;
     if (whole) {
