@@ -422,7 +422,8 @@ static inline __attribute__((always_inline)) void words_rows(const int R, const 
     __m256i t[2][2], u[2][2];  /* [row][weight rows 0-3 | 4-7]: the words' sums, the third limb's */
     for (int r = 0; r < R; r++)
         for (int j = 0; j < 2; j++) t[r][j] = u[r][j] = _mm256_setzero_si256();
-    __m256i x2[2];  /* the third limb of 4 groups (16 k) widened, a group a 64-bit lane */
+    __m256i x2[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};  /* the third limb of 4 groups (16 k)
+                                                                           widened, a group a 64-bit lane */
     for (int g = 0; g < 8; g++) {
         const __m256i lo = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 64 * g)));
         const __m256i hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 64 * g + 16)));
