@@ -61,14 +61,23 @@ def gguf_dense(raw: np.ndarray, qtype: str, n: int, k: int) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy())
 
 
-@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+SIMD_BUILDS = ["native", *build.PATH_VARIANTS]  # the native build, then the narrower SIMD paths' builds
+
+
+def simd_build_or_skip(variant: str) -> ctypes.CDLL:
+    """The kernel library in `variant` (one of SIMD_BUILDS); skips where this CPU cannot run it, fails where
+    it does not build (a None would let the callers fall back to the native library)."""
+    if variant != "native" and not build.PATH_VARIANTS[variant][0] <= build.cpu_flags():
+        pytest.skip(f"this CPU cannot run the {variant} build")
+    lib = ffi.load(variant)
+    assert lib is not None, f"the {variant} build failed"
+    return lib
+
+
+@pytest.fixture(scope="module", params=SIMD_BUILDS)
 def simd_build(request) -> ctypes.CDLL:
     """The native kernel build, then each narrower SIMD build this CPU can run (AVX2, AVX-VNNI, AVX-512 VNNI)."""
-    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
-        pytest.skip(f"this CPU cannot run the {request.param} build")
-    lib = ffi.load(request.param)
-    assert lib is not None, f"the {request.param} build failed"
-    return lib
+    return simd_build_or_skip(request.param)
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)

@@ -23,20 +23,17 @@ from radixgen.runtime.kernels import decode_attention as attn
 from radixgen.runtime.kernels.block_gemm import block_linear, pack_panels
 from radixgen.runtime.kernels.decode_layers import DecodeDims, DecodeLayers, LayerWeights, WindowKeys
 from radixgen.runtime.kernels.gguf_blocks import from_gguf
-from tests.runtime.test_block_gemm import ALL_TYPES, random_gguf, width
+from tests.runtime.test_block_gemm import ALL_TYPES, SIMD_BUILDS, random_gguf, simd_build_or_skip, width
 from tests.runtime.test_cpu_attention import kv_buffer
 
 pytestmark = pytest.mark.skipif(ffi.library() is None or ffi.load("scalar") is None,
                                 reason="no C compiler to build the kernels")
 
 
-@pytest.fixture(scope="module", params=["native", *build.PATH_VARIANTS])
+@pytest.fixture(scope="module", params=SIMD_BUILDS)
 def libs(request) -> tuple[ctypes.CDLL, ctypes.CDLL]:
     """(a SIMD build, the scalar build)."""
-    if request.param != "native" and not build.PATH_VARIANTS[request.param][0] <= build.cpu_flags():
-        pytest.skip(f"this CPU cannot run the {request.param} build")
-    lib = ffi.load(request.param)
-    assert lib is not None, f"the {request.param} build failed"
+    lib = simd_build_or_skip(request.param)
     lib.variant = request.param
     return lib, ffi.load("scalar")
 
