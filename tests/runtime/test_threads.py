@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+import threading
 
 import pytest
 import torch
@@ -17,8 +19,27 @@ from radixgen.runtime.threads import on_short_lived_thread, serial_torch_on_this
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
 
 
-def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+def _thread_ids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _name_this_thread(name: bytes) -> None:
+    """Set the calling thread's kernel name (comm): threads it starts from now on inherit it."""
+    PR_SET_NAME = 15
+    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0
+
+
+def _others_named(name: bytes) -> int:
+    """Threads of this process other than the caller whose comm is `name`: the ones the caller started
+    after naming itself (a count of all threads also moved when the earlier tests' threads exited)."""
+    me, count = str(threading.get_native_id()), 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "rb") as f:
+                count += tid != me and f.read().strip() == name
+        except FileNotFoundError:  # that thread exited while we listed
+            pass
+    return count
 
 
 def test_serial_thread_runs_parallel_ops_without_a_team():
@@ -26,10 +47,10 @@ def test_serial_thread_runs_parallel_ops_without_a_team():
 
     def work():
         serial_torch_on_this_thread()
-        before = _threads()
+        _name_this_thread(b"rg-serial-test")
         x = torch.randn(2000, 2000)
         y = (x * 2 + 1).sum()  # elementwise ops this size run in parallel on a thread with a team
-        return torch.get_num_threads(), _threads() - before, float(y)
+        return torch.get_num_threads(), _others_named(b"rg-serial-test"), float(y)
 
     n, started, _ = on_short_lived_thread(work)
     assert n == 1 and started == 0
@@ -54,10 +75,10 @@ def test_engine_flush_starts_no_team(tiny_models):
     try:
         params = {"temperature": 0, "max_new_tokens": 4}
         eng.generate(input_ids=[5, 6, 7], sampling_params=params)
-        before = _threads()
+        before = _thread_ids()
         eng.flush_cache()
         eng.generate(input_ids=[5, 6, 7, 8], sampling_params=params)
-        assert _threads() == before
+        assert not _thread_ids() - before  # none started (the earlier tests' threads may exit meanwhile)
     finally:
         eng.shutdown()
 
