@@ -48,7 +48,12 @@
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
 #define ROWS_1LIMB 4 /* rows whose one-limb sums the AVX-512 path interleaves (two with more limbs) */
-#define PREFETCH_BLOCKS 8 /* blocks ahead the AVX-512 path prefetches a panel's weights */
+/* The weights' software prefetches: PREFETCH_BLOCKS ahead into L1, for the loads to hit there, and
+ * PREFETCH_FAR blocks (AVX-512) or a panel (AVX2) ahead into L2, for the memory's bandwidth. A core keeps
+ * only as many L1 misses in flight as it has fill buffers (~16 lines: ~10 GB/s a core at DRAM latency),
+ * and prefetches into L1 from DRAM held those buffers; L2's queue holds more. */
+#define PREFETCH_BLOCKS 8
+#define PREFETCH_FAR 32
 #define PARALLEL_MIN 16384 /* activation elements below which quantizing on one thread is faster */
 #ifndef AMX_MIN_ROWS
 #define AMX_MIN_ROWS AMX_TILE_ROWS /* rows from which the AMX paths are faster (a tile's rows) */
@@ -317,9 +322,12 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
     const int64_t block_bytes = FMT_BLOCK_BYTES(fmt), scale_bytes = FMT_SCALE_BYTES(fmt);
     const int64_t min_bytes = xblock_sums(fmt) ? FMT_MIN_BYTES(fmt) : 0;  /* an offset format's are not read */
     for (int64_t b = 0; b < nb; b++) {
-        /* the weights PREFETCH_BLOCKS ahead (past this panel's end: the next panel's, which follow) */
+        /* the weights PREFETCH_BLOCKS and PREFETCH_FAR ahead (past this panel's end: the next panel's, which
+         * follow) */
         const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
+        const char *far = (const char *)(v.qs + (b + PREFETCH_FAR) * block_bytes);
         for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+        for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(far + line, _MM_HINT_T1);
         for (int64_t line = 0; line < scale_bytes; line += 64)
             _mm_prefetch((const char *)v.d + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
         for (int64_t line = 0; line < min_bytes; line += 64)
@@ -469,12 +477,16 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         __m256 acc[MR];
         for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
-            {  /* the two passes stream the next panel in (the one after this one's end), half a block a step */
+            {  /* the two passes stream the next panel (the one after this one's end) into L2, half a block a
+                * step; the first brings its blocks PREFETCH_BLOCKS ahead into L1 */
                 const int64_t t = h * nb + b;
                 const char *qs = (const char *)(v.qs + nb * block_bytes) + t * block_bytes / 2;
-                for (int64_t line = 0; line < block_bytes / 2; line += 64) _mm_prefetch(qs + line, _MM_HINT_T0);
-                _mm_prefetch((const char *)v.d + nb * scale_bytes + t * scale_bytes / 2, _MM_HINT_T0);
-                if (min_bytes) _mm_prefetch((const char *)v.m + nb * min_bytes + t * min_bytes / 2, _MM_HINT_T0);
+                for (int64_t line = 0; line < block_bytes / 2; line += 64) _mm_prefetch(qs + line, _MM_HINT_T1);
+                _mm_prefetch((const char *)v.d + nb * scale_bytes + t * scale_bytes / 2, _MM_HINT_T1);
+                if (min_bytes) _mm_prefetch((const char *)v.m + nb * min_bytes + t * min_bytes / 2, _MM_HINT_T1);
+                const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
+                if (h == 0)
+                    for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
             }
             __m256 d[2], m[2];
             scales8(fmt, &v, b, h, d, m);
