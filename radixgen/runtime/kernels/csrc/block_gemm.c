@@ -48,8 +48,8 @@
 #define NR 16   /* output rows per panel */
 #define MR 8    /* activation rows per pass (their accumulators stay in registers) */
 #define ROWS_1LIMB 4 /* rows whose one-limb sums the AVX-512 path interleaves (two with more limbs) */
-/* The weights' software prefetches: PREFETCH_BLOCKS ahead into L1, for the loads to hit there, and
- * PREFETCH_FAR blocks (AVX-512) or a panel (AVX2) ahead into L2, for the memory's bandwidth. A core keeps
+/* The weights' software prefetches: on AVX-512, PREFETCH_BLOCKS ahead into L1, for the loads to hit there,
+ * and PREFETCH_FAR ahead into L2, for the memory's bandwidth; on AVX2, a panel ahead into L2. A core keeps
  * only as many L1 misses in flight as it has fill buffers (~16 lines: ~10 GB/s a core at DRAM latency),
  * and prefetches into L1 from DRAM held those buffers; L2's queue holds more. */
 #define PREFETCH_BLOCKS 8
@@ -478,15 +478,13 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
         for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t b = 0; b < nb; b++) {
             {  /* the two passes stream the next panel (the one after this one's end) into L2, half a block a
-                * step; the first brings its blocks PREFETCH_BLOCKS ahead into L1 */
+                * step (L1 prefetches too, of the blocks just ahead, cost several-row calls more than they
+                * saved one-row ones) */
                 const int64_t t = h * nb + b;
                 const char *qs = (const char *)(v.qs + nb * block_bytes) + t * block_bytes / 2;
                 for (int64_t line = 0; line < block_bytes / 2; line += 64) _mm_prefetch(qs + line, _MM_HINT_T1);
                 _mm_prefetch((const char *)v.d + nb * scale_bytes + t * scale_bytes / 2, _MM_HINT_T1);
                 if (min_bytes) _mm_prefetch((const char *)v.m + nb * min_bytes + t * min_bytes / 2, _MM_HINT_T1);
-                const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
-                if (h == 0)
-                    for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
             }
             __m256 d[2], m[2];
             scales8(fmt, &v, b, h, d, m);
