@@ -26,7 +26,7 @@ def _thread_ids() -> set[str]:
 def _name_this_thread(name: bytes) -> None:
     """Set the calling thread's kernel name (comm): threads it starts from now on inherit it."""
     PR_SET_NAME = 15
-    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0
+    assert ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0) == 0
 
 
 def _others_named(name: bytes) -> int:

@@ -326,8 +326,10 @@ static inline __attribute__((always_inline)) void panel(const int fmt, const int
          * follow) */
         const char *ahead = (const char *)(v.qs + (b + PREFETCH_BLOCKS) * block_bytes);
         const char *far = (const char *)(v.qs + (b + PREFETCH_FAR) * block_bytes);
-        for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-        for (int64_t line = 0; line < block_bytes; line += 64) _mm_prefetch(far + line, _MM_HINT_T1);
+        for (int64_t line = 0; line < block_bytes; line += 64) {
+            _mm_prefetch(ahead + line, _MM_HINT_T0);
+            _mm_prefetch(far + line, _MM_HINT_T1);
+        }
         for (int64_t line = 0; line < scale_bytes; line += 64)
             _mm_prefetch((const char *)v.d + (b + PREFETCH_BLOCKS) * scale_bytes + line, _MM_HINT_T0);
         for (int64_t line = 0; line < min_bytes; line += 64)
